@@ -1,0 +1,48 @@
+// cuda_backend: device_backend for one GPU through the CUDA runtime
+// (cudaMalloc/cudaFree segments, timing-free events, stream waits). This
+// header names no CUDA type, so code that only picks a backend needs no
+// CUDA headers; streams and events cross it as cudaStream_t/cudaEvent_t
+// values cast to the opaque handles of device_backend.hpp.
+#pragma once
+
+#include <memory>
+
+#include "streamalloc/backend/device_backend.hpp"
+
+namespace streamalloc {
+
+class cuda_backend final : public device_backend {
+ public:
+  ~cuda_backend() override = default;
+
+  int device_index() const override { return device_; }
+  status allocate_segment(std::size_t bytes, void** out) override;
+  status free_segment(void* ptr, std::size_t bytes) override;
+  status memory_info(device_memory_info* out) override;
+  status create_event(event_handle* out) override;
+  status destroy_event(event_handle event) override;
+  status record_event(event_handle event, stream_handle stream) override;
+  status query_event(event_handle event, bool* done) override;
+  status synchronize_event(event_handle event) override;
+  status stream_wait_event(stream_handle stream, event_handle event) override;
+  status synchronize_device() override;
+
+ private:
+  // Only make_cuda_backend constructs one: it checks the index first.
+  explicit cuda_backend(int device) : device_(device) {}
+  friend std::unique_ptr<device_backend> make_cuda_backend(int device, status* error);
+
+  int device_;
+};
+
+// The backend for CUDA device `device`, or nullptr with *error set
+// (status_code::no_device when there is no GPU, no usable driver, or no
+// such index). Matches device_allocators::backend_factory. `error` may be
+// null; it is written only on failure.
+std::unique_ptr<device_backend> make_cuda_backend(int device, status* error);
+
+// Number of visible CUDA devices; 0 with *error set (no_device) when the
+// runtime finds none or cannot talk to a driver. `error` may be null.
+int cuda_device_count(status* error);
+
+}  // namespace streamalloc

@@ -1,0 +1,81 @@
+// The device-backend interface: everything the allocator core asks of a
+// device. Implementations: sim_backend (CPU model, tests), cuda_backend
+// (cudaMalloc + events), vmm_backend (driver virtual-memory API).
+// Streams, events and physical chunks cross this interface as opaque
+// integer handles so the core never sees a CUDA type.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "streamalloc/util/status.hpp"
+
+namespace streamalloc {
+
+using stream_handle = std::uintptr_t;  // 0 is the device's default stream
+using event_handle = std::uintptr_t;
+using physical_handle = std::uint64_t;
+
+struct device_memory_info {
+  std::size_t free_bytes = 0;
+  std::size_t total_bytes = 0;
+};
+
+class device_backend {
+ public:
+  virtual ~device_backend() = default;
+
+  virtual int device_index() const = 0;
+
+  // --- Segments: one contiguous device allocation each ---
+  virtual status allocate_segment(std::size_t bytes, void** out) = 0;
+  virtual status free_segment(void* ptr, std::size_t bytes) = 0;
+  virtual status memory_info(device_memory_info* out) = 0;
+
+  // --- Events: created once and reused by the core's event pool ---
+  virtual status create_event(event_handle* out) = 0;
+  virtual status destroy_event(event_handle event) = 0;
+  virtual status record_event(event_handle event, stream_handle stream) = 0;
+  // Sets *done to whether all work captured by the last record has finished.
+  virtual status query_event(event_handle event, bool* done) = 0;
+  virtual status synchronize_event(event_handle event) = 0;
+  // Makes future work on `stream` wait for `event` without blocking the host.
+  virtual status stream_wait_event(stream_handle stream, event_handle event) = 0;
+  // Blocks the host until all work on the device has finished.
+  virtual status synchronize_device() = 0;
+
+  // --- Optional virtual memory (see supports_virtual_memory) ---
+  virtual bool supports_virtual_memory() const { return false; }
+  // Size and alignment unit of physical chunks and mappings.
+  virtual std::size_t vm_granularity() const { return 0; }
+  virtual status vm_reserve(std::size_t bytes, void** out_range) {
+    (void)bytes, (void)out_range;
+    return unsupported();
+  }
+  virtual status vm_release(void* range, std::size_t bytes) {
+    (void)range, (void)bytes;
+    return unsupported();
+  }
+  virtual status vm_create(std::size_t bytes, physical_handle* out) {
+    (void)bytes, (void)out;
+    return unsupported();
+  }
+  virtual status vm_destroy(physical_handle chunk) {
+    (void)chunk;
+    return unsupported();
+  }
+  // Maps `chunk` (of exactly `bytes`) at `address` and makes it read/write.
+  virtual status vm_map(void* address, std::size_t bytes, physical_handle chunk) {
+    (void)address, (void)bytes, (void)chunk;
+    return unsupported();
+  }
+  virtual status vm_unmap(void* address, std::size_t bytes) {
+    (void)address, (void)bytes;
+    return unsupported();
+  }
+
+ protected:
+  static status unsupported() { return {status_code::not_supported, "virtual memory is not supported by this backend"}; }
+};
+
+}  // namespace streamalloc

@@ -1,0 +1,79 @@
+// Blocks and segments: the allocator's unit of bookkeeping.
+//
+// Glossary (these words mean the same everywhere in the project):
+// - segment: one contiguous range obtained from the device backend.
+// - block: a contiguous piece of a segment; the blocks of a segment tile it
+//   exactly, linked in address order (prev/next).
+// - split: cutting a free block in two so a request takes the front part;
+//   the remainder stays free.  Coalesce: merging a freed block with free
+//   neighbours of the same stream.
+// - pool: the free blocks available for reuse, kept per (memory pool,
+//   small/large, stream) and ordered by (stream, size, address).
+// - stream use: a stream other than the allocating stream that touched the
+//   block (record_stream).  The allocating stream is the block's stream.
+// - pending free: a block the program freed while stream uses may still be
+//   running; it returns to its pool once their events complete.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <set>
+#include <vector>
+
+#include "streamalloc/backend/device_backend.hpp"
+#include "streamalloc/core/snapshot.hpp"
+
+namespace streamalloc {
+
+struct segment;
+
+struct block {
+  std::uintptr_t address = 0;
+  std::size_t size = 0;
+  std::size_t requested_size = 0;  // 0 while free
+  stream_handle stream = 0;
+  segment* owner = nullptr;
+  block* prev = nullptr;  // address neighbours inside the segment
+  block* next = nullptr;
+  bool allocated = false;
+  bool counted_inactive_split = false;  // contributes to inactive_split stats
+  int pending_events = 0;               // > 0: pending free
+  std::vector<stream_handle> stream_uses;
+
+  bool is_free() const { return !allocated && pending_events == 0; }
+  bool is_split() const { return prev != nullptr || next != nullptr; }
+};
+
+struct segment {
+  std::uintptr_t address = 0;
+  std::size_t size = 0;
+  stream_handle stream = 0;  // stream that caused the segment to be created
+  bool is_small = false;
+  pool_id pool = 0;
+  block* first = nullptr;
+};
+
+// A search position in a free-block set: (stream, size, address).
+struct block_key {
+  stream_handle stream;
+  std::size_t size;
+  std::uintptr_t address;
+};
+
+// Orders free blocks so lower_bound({stream, size, 0}) is the best fit.
+struct block_order {
+  using is_transparent = void;
+  static bool less(const block_key& a, const block_key& b) {
+    if (a.stream != b.stream) return a.stream < b.stream;
+    if (a.size != b.size) return a.size < b.size;
+    return a.address < b.address;
+  }
+  static block_key key(const block* b) { return {b->stream, b->size, b->address}; }
+  bool operator()(const block* a, const block* b) const { return less(key(a), key(b)); }
+  bool operator()(const block* a, const block_key& b) const { return less(key(a), b); }
+  bool operator()(const block_key& a, const block* b) const { return less(a, key(b)); }
+};
+
+using free_block_set = std::set<block*, block_order>;
+
+}  // namespace streamalloc

@@ -1,0 +1,160 @@
+// caching_allocator: the block-caching device allocator, one per device.
+// Policy summary is at the top of allocator/src/core/caching_allocator.cpp.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "streamalloc/backend/device_backend.hpp"
+#include "streamalloc/core/block.hpp"
+#include "streamalloc/core/config.hpp"
+#include "streamalloc/core/event_pool.hpp"
+#include "streamalloc/core/size_policy.hpp"
+#include "streamalloc/core/snapshot.hpp"
+#include "streamalloc/core/stats.hpp"
+
+namespace streamalloc {
+
+class caching_allocator {
+ public:
+  // Chooses the streams whose allocations go to a private pool (capture).
+  using stream_filter = std::function<bool(stream_handle)>;
+
+  // `backend` must outlive the allocator.
+  caching_allocator(device_backend& backend, allocator_config config);
+  ~caching_allocator();
+  caching_allocator(const caching_allocator&) = delete;
+  caching_allocator& operator=(const caching_allocator&) = delete;
+
+  // Returns device memory of at least `bytes` usable on `stream`, or throws
+  // out_of_memory. Size 0 returns nullptr, as torch's allocator does.
+  void* allocate(std::size_t bytes, stream_handle stream);
+  // Frees a pointer returned by allocate. Throws usage_error for a pointer
+  // this allocator does not own (never allocated, interior, double free).
+  void free(void* ptr);
+  // Marks that `stream` uses the block at `ptr`; its free waits for `stream`.
+  void record_stream(void* ptr, stream_handle stream);
+  // Returns every unused cached segment to the device.
+  void empty_cache();
+  // Caps reserved memory at `fraction` of device memory (0 < fraction <= 1).
+  void set_memory_fraction(double fraction);
+  double memory_fraction() const;
+
+  // --- private pools for CUDA graph capture ---
+  // Until end_allocate_to_pool(id), allocations on streams accepted by
+  // `filter` come from private pool `id` (created on first use, counted).
+  void begin_allocate_to_pool(pool_id id, stream_filter filter);
+  void end_allocate_to_pool(pool_id id);
+  // Drops one use of pool `id`; at zero its memory returns to the device as
+  // soon as its blocks are freed.
+  void release_pool(pool_id id);
+
+  // --- introspection ---
+  device_stats stats() const;
+  void reset_peak_stats();
+  void reset_accumulated_stats();
+  allocator_snapshot snapshot() const;
+  // Whether `ptr` is the start of a live allocation of this allocator.
+  bool owns(const void* ptr) const;
+  // Size of the block behind `ptr` (throws usage_error if unknown).
+  std::size_t allocation_size(const void* ptr) const;
+  // Largest free cached block and total free cached bytes (cudnn cacheInfo).
+  void cache_info(std::size_t* largest_free_bytes, std::size_t* total_free_bytes) const;
+  // Checks every invariant (see Note [invariants] in the .cpp); throws
+  // std::logic_error describing the first violation.
+  void validate() const;
+
+  int device() const { return backend_.device_index(); }
+  const allocator_config& config() const { return config_; }
+  device_backend& backend() { return backend_; }
+
+ private:
+  struct pool_pair {
+    free_block_set small;
+    free_block_set large;
+  };
+  struct private_pool {
+    pool_pair free;
+    int use_count = 0;  // captures/graphs still holding the pool
+    std::size_t segments = 0;
+  };
+  struct capture {
+    pool_id id;
+    stream_filter filter;
+  };
+  struct pending_event {  // one outstanding event of a pending free
+    event_handle event;
+    block* owner;
+  };
+
+  void* allocate_locked(std::size_t bytes, stream_handle stream, pool_id pool);
+  block* find_free_block_locked(free_block_set& pool, std::size_t rounded, stream_handle stream);
+  block* borrow_from_other_stream_locked(free_block_set& pool, std::size_t rounded, stream_handle stream);
+  block* grow_locked(std::size_t rounded, stream_handle stream, pool_id pool);
+  void take_block_locked(block* b, std::size_t rounded, std::size_t requested, stream_handle remainder_stream);
+  void return_to_pool_locked(block* b);
+  void insert_free_locked(block* b);
+  void erase_free_locked(block* b);
+  void process_events_locked();
+  void complete_event_locked(const pending_event& entry);
+  void synchronize_pending_locked();
+  void insert_events_locked(block* b);
+  bool release_available_oversize_locked(std::size_t rounded, pool_id pool);
+  void release_unused_segments_locked();
+  bool release_segment_locked(segment* s);
+  bool segment_unused(const segment* s) const;
+  bool pool_releasable_locked(pool_id pool) const;
+  free_block_set& pool_for_locked(pool_id pool, bool small);
+  const free_block_set& pool_for_locked(pool_id pool, bool small) const;
+  template <typename self_type>
+  static auto& pool_of(self_type& self, pool_id pool, bool small);
+  pool_id route_capture(stream_handle stream);
+  void finish_deferred_frees_locked();
+  void set_fraction_locked(double fraction);
+  void update_stat(stat_array& array, const segment* s, std::int64_t delta);
+  [[noreturn]] void raise_oom_locked(std::size_t requested);
+  std::string describe_unknown_pointer_locked(const void* ptr) const;
+  block* new_block_locked();
+  void delete_block_locked(block* b);
+  void fill_fragmentation_locked(device_stats* out) const;
+  template <typename fn>
+  void for_each_free_set_locked(fn&& visit) const;
+
+  device_backend& backend_;
+  const allocator_config config_;
+  const size_policy policy_;
+  mutable std::mutex mutex_;
+  event_pool events_;
+  std::size_t device_total_bytes_ = 0;
+  std::size_t allowed_bytes_ = 0;  // memory-fraction cap
+  double fraction_ = 1.0;
+  pool_pair default_pool_;
+  std::map<pool_id, private_pool> private_pools_;
+  std::vector<capture> captures_;
+  std::atomic<int> capture_count_{0};
+  // Pending frees whose events wait for every capture to end (events
+  // recorded during a capture would become part of the graph).
+  std::vector<block*> deferred_frees_;
+  // Pending frees whose event could not be recorded: they wait for a
+  // successful device synchronization.
+  std::vector<block*> awaiting_device_sync_;
+  std::unordered_map<std::uintptr_t, block*> allocated_;
+  std::map<std::uintptr_t, segment*> segments_;
+  // Outstanding events per stream, in record order: a stream's events
+  // complete in order, so polling stops at the first unfinished one.
+  std::unordered_map<stream_handle, std::deque<pending_event>> pending_;
+  std::vector<block*> spare_blocks_;
+  device_stats stats_;
+};
+
+}  // namespace streamalloc

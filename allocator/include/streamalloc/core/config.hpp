@@ -1,0 +1,61 @@
+// allocator_config: every tunable of the caching allocator, parsed once from
+// STREAMALLOC_CONF (PyTorch's `key:value,key:value` syntax) into a value
+// object that is passed to constructors. Defaults are PyTorch's constants.
+#pragma once
+
+#include <cstddef>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "streamalloc/util/bytes.hpp"
+
+namespace streamalloc {
+
+struct allocator_config {
+  // Requests are rounded up to a multiple of this (and never below it).
+  std::size_t min_block_bytes = 512;
+  // Requests up to this size are served from the small pool.
+  std::size_t small_request_bytes = 1_MiB;
+  // Segment size for the small pool: many small blocks share one segment.
+  std::size_t small_segment_bytes = 2_MiB;
+  // Large requests below min_large_alloc_bytes share segments of this size.
+  std::size_t large_segment_bytes = 20_MiB;
+  std::size_t min_large_alloc_bytes = 10_MiB;
+  // Larger segments are rounded up to a multiple of this.
+  std::size_t large_round_bytes = 2_MiB;
+  // Blocks larger than this are never split ("oversize"); max = no limit.
+  std::size_t max_split_bytes = std::numeric_limits<std::size_t>::max();
+  // An oversize cached block is reused for a request at most this much smaller.
+  std::size_t max_non_split_rounding_bytes = 20_MiB;
+  // Round requests to 1/N power-of-two steps above min (0 = off), as torch.
+  unsigned roundup_power2_divisions = 0;
+  // Note [cross-stream reuse]: hand a free block cached for stream A to
+  // stream B by making B wait on A's event, instead of growing.
+  bool cross_stream_reuse = true;
+  // Cap on reserved bytes as a fraction of device memory (1.0 = no cap).
+  double memory_fraction = 1.0;
+  // Free cached memory when reserved exceeds this fraction of the cap before
+  // growing (0 = off), as torch's garbage_collection_threshold.
+  double garbage_collection_threshold = 0.0;
+
+  // Parses `text`; throws config_error naming the key and listing valid keys.
+  // Keys not mentioned keep the defaults above. A key may appear once.
+  static allocator_config parse(const std::string& text);
+  // Parses the STREAMALLOC_CONF environment variable (empty when unset).
+  static allocator_config from_environment();
+  // Applies `key:value` pairs on top of this config (same rules as parse).
+  allocator_config with(const std::string& text) const;
+
+  // The valid keys with a one-line description each (README and errors).
+  struct key_doc {
+    const char* key;
+    const char* description;
+  };
+  static const std::vector<key_doc>& keys();
+
+  // Renders the config back in STREAMALLOC_CONF syntax (every key).
+  std::string to_string() const;
+};
+
+}  // namespace streamalloc

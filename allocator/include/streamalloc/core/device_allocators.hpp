@@ -1,0 +1,48 @@
+// device_allocators: one caching_allocator per device, created on first use
+// from a backend factory. This is the object behind the process-wide
+// allocator that torch and the extern "C" entry points use.
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "streamalloc/backend/device_backend.hpp"
+#include "streamalloc/core/caching_allocator.hpp"
+#include "streamalloc/core/config.hpp"
+
+namespace streamalloc {
+
+class device_allocators {
+ public:
+  // Makes the backend for a device index; returns nullptr plus a status
+  // message when the device does not exist or cannot be used.
+  using backend_factory = std::function<std::unique_ptr<device_backend>(int device, status* error)>;
+
+  device_allocators(int device_count, backend_factory factory, allocator_config config);
+  ~device_allocators();
+
+  int device_count() const { return static_cast<int>(slots_.size()); }
+  // The allocator of `device`, created on first use. Throws usage_error for
+  // an index outside [0, device_count) and device_failure if the backend
+  // cannot be made.
+  caching_allocator& at(int device);
+  // The allocator of `device` if it was already created, else nullptr.
+  caching_allocator* find(int device) const;
+  const allocator_config& config() const { return config_; }
+
+ private:
+  struct slot {
+    std::once_flag once;
+    std::unique_ptr<device_backend> backend;
+    std::unique_ptr<caching_allocator> allocator;
+    std::atomic<caching_allocator*> published{nullptr};  // read by find() without the once_flag
+  };
+  backend_factory factory_;
+  allocator_config config_;
+  std::vector<std::unique_ptr<slot>> slots_;
+};
+
+}  // namespace streamalloc

@@ -1,0 +1,31 @@
+// size_policy: how a request is rounded, which pool serves it, how large a
+// new segment is, and whether a found block may be split or reused.
+#pragma once
+
+#include <cstddef>
+
+#include "streamalloc/core/config.hpp"
+
+namespace streamalloc {
+
+class size_policy {
+ public:
+  explicit size_policy(const allocator_config& config) : config_(config) {}
+
+  // Rounded block size for a request; false if it would overflow.
+  bool round(std::size_t requested, std::size_t* out) const;
+  bool is_small(std::size_t rounded) const { return rounded <= config_.small_request_bytes; }
+  // Size of the segment to create for a rounded request; false on overflow.
+  bool segment_size(std::size_t rounded, std::size_t* out) const;
+  // Whether a block of `block_size` serving `rounded` leaves a remainder
+  // worth splitting off.
+  bool should_split(std::size_t block_size, std::size_t rounded, bool small) const;
+  bool is_oversize(std::size_t bytes) const { return bytes >= config_.max_split_bytes; }
+  // Whether a cached block of `block_size` may serve `rounded` at all.
+  bool may_reuse(std::size_t block_size, std::size_t rounded) const;
+
+ private:
+  const allocator_config& config_;
+};
+
+}  // namespace streamalloc

@@ -1,0 +1,71 @@
+// Counters with the names and meaning of torch.cuda.memory_stats(), plus
+// fragmentation metrics that PyTorch does not report.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <string>
+
+namespace streamalloc {
+
+// One counter in torch's shape: current/peak/allocated(ever added)/freed.
+struct stat_counter {
+  std::int64_t current = 0;
+  std::int64_t peak = 0;
+  std::int64_t allocated = 0;
+  std::int64_t freed = 0;
+
+  void increase(std::int64_t amount) {
+    current += amount;
+    allocated += amount;
+    if (current > peak) peak = current;
+  }
+  void decrease(std::int64_t amount) {
+    current -= amount;
+    freed += amount;
+  }
+  void reset_peak() { peak = current; }
+  void reset_accumulated() { allocated = 0, freed = 0; }
+};
+
+// Index into a stat_array: torch's "all", "small_pool", "large_pool".
+enum class stat_type : int { all = 0, small_pool = 1, large_pool = 2 };
+constexpr int k_stat_type_count = 3;
+using stat_array = std::array<stat_counter, k_stat_type_count>;
+
+struct device_stats {
+  stat_array allocation;           // number of allocated blocks
+  stat_array segment;              // number of segments
+  stat_array active;               // allocated + awaiting their events
+  stat_array inactive_split;       // free blocks in partly used segments
+  stat_array allocated_bytes;
+  stat_array reserved_bytes;
+  stat_array active_bytes;
+  stat_array inactive_split_bytes;
+  stat_array requested_bytes;      // bytes the callers asked for
+  stat_counter oversize_allocations;
+  stat_counter oversize_segments;
+  std::int64_t num_alloc_retries = 0;
+  std::int64_t num_ooms = 0;
+  std::int64_t num_sync_all_streams = 0;
+  std::int64_t num_device_alloc = 0;
+  std::int64_t num_device_free = 0;
+  std::int64_t num_cross_stream_reuses = 0;
+  std::int64_t max_split_size = 0;  // -1 when unlimited, like torch
+
+  // Fragmentation (computed at read time from the free cached blocks).
+  std::int64_t largest_free_block_bytes = 0;
+  std::int64_t free_cached_bytes = 0;
+  // 1 - largest free / total free (0 when nothing is free).
+  double external_fragmentation = 0.0;
+  // reserved / allocated (current), 0 when nothing is allocated.
+  double reserved_allocated_ratio = 0.0;
+
+  // Flattened like torch.cuda.memory_stats(): "allocated_bytes.all.current".
+  // Fragmentation entries are under "fragmentation.*".
+  std::map<std::string, double> to_map() const;
+};
+
+}  // namespace streamalloc

@@ -1,0 +1,871 @@
+// The block-caching device allocator. Policy in brief:
+// - Requests are rounded (size_policy) and served from a small pool
+//   (<= 1 MiB, 2 MiB segments shared by many blocks) or a large pool.
+// - Free blocks are cached per (memory pool, small/large, stream) and found
+//   by best fit; a found block is split when the remainder is worth keeping,
+//   and a freed block coalesces with free neighbours of the same stream.
+// - A block used on other streams (record_stream) becomes reusable only when
+//   an event recorded on each of those streams at free time completes.
+// - Note [cross-stream reuse]: before growing, a free block cached for
+//   stream A may serve stream B: an event is recorded on A and B waits on
+//   it, so B's work starts after A's last use without a host sync.
+// - When the free list misses, the OOM ladder runs (allocate_locked) and
+//   ends in out_of_memory carrying the numbers a user needs.
+// - Private pools serve CUDA graph captures and keep their memory until the
+//   graph is released.
+#include "streamalloc/core/caching_allocator.hpp"
+
+#include <algorithm>
+#include <limits>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+
+#include "streamalloc/util/errors.hpp"
+
+namespace streamalloc {
+namespace {
+
+constexpr std::size_t k_max_size = std::numeric_limits<std::size_t>::max();
+
+std::uintptr_t to_address(const void* ptr) { return reinterpret_cast<std::uintptr_t>(ptr); }
+
+}  // namespace
+
+const char* to_string(block_state state) {
+  switch (state) {
+    case block_state::active_allocated:
+      return "active_allocated";
+    case block_state::active_pending_free:
+      return "active_pending_free";
+    case block_state::inactive:
+      return "inactive";
+  }
+  return "unknown";
+}
+
+caching_allocator::caching_allocator(device_backend& backend, allocator_config config)
+    : backend_(backend), config_(std::move(config)), policy_(config_), events_(backend) {
+  device_memory_info info;
+  const status st = backend_.memory_info(&info);
+  if (!st) {
+    throw device_failure("streamalloc: cannot read memory info of device " + std::to_string(backend_.device_index()) +
+                         ": " + st.message());
+  }
+  device_total_bytes_ = info.total_bytes;
+  set_fraction_locked(config_.memory_fraction);
+  stats_.max_split_size = config_.max_split_bytes == k_max_size ? -1 : static_cast<std::int64_t>(config_.max_split_bytes);
+}
+
+caching_allocator::~caching_allocator() {
+  // Outstanding work is finished before its memory goes back to the device.
+  for (auto& [stream, queue] : pending_) {
+    for (const pending_event& entry : queue) {
+      backend_.synchronize_event(entry.event);
+      backend_.destroy_event(entry.event);
+    }
+  }
+  for (auto& [address, s] : segments_) {
+    backend_.free_segment(reinterpret_cast<void*>(s->address), s->size);
+    block* b = s->first;
+    while (b != nullptr) {
+      block* next = b->next;
+      delete b;
+      b = next;
+    }
+    delete s;
+  }
+  for (block* b : spare_blocks_) delete b;
+}
+
+// ---------------------------------------------------------------------------
+// Allocation
+
+void* caching_allocator::allocate(std::size_t bytes, stream_handle stream) {
+  if (bytes == 0) return nullptr;
+  const pool_id pool = capture_count_.load(std::memory_order_acquire) != 0 ? route_capture(stream) : 0;
+  std::lock_guard<std::mutex> lock(mutex_);
+  return allocate_locked(bytes, stream, pool);
+}
+
+void* caching_allocator::allocate_locked(std::size_t bytes, stream_handle stream, pool_id pool) {
+  std::size_t rounded = 0;
+  if (!policy_.round(bytes, &rounded)) raise_oom_locked(bytes);
+  free_block_set& free_set = pool_for_locked(pool, policy_.is_small(rounded));
+  const bool capturing = capture_count_.load(std::memory_order_relaxed) != 0;
+
+  // Stage 1: best fit among this stream's cached blocks.
+  block* found = find_free_block_locked(free_set, rounded, stream);
+  stream_handle remainder_stream = stream;
+
+  // Stage 2: reclaim pending frees whose events have completed. Event
+  // queries are not allowed while a capture is underway.
+  if (found == nullptr && !pending_.empty() && !capturing) {
+    process_events_locked();
+    found = find_free_block_locked(free_set, rounded, stream);
+  }
+
+  // Stage 3: Note [cross-stream reuse] -- borrow a block cached for another
+  // stream; the borrowing stream waits on an event instead of the host.
+  if (found == nullptr && config_.cross_stream_reuse && !capturing) {
+    found = borrow_from_other_stream_locked(free_set, rounded, stream);
+    if (found != nullptr) remainder_stream = found->stream, found->stream = stream;
+  }
+
+  // Stage 4: grow by a new segment, after an optional garbage collection of
+  // unused cached segments when reserved memory nears the cap.
+  if (found == nullptr) {
+    if (config_.garbage_collection_threshold > 0.0) {
+      const double reserved = static_cast<double>(stats_.reserved_bytes[0].current);
+      if (reserved > config_.garbage_collection_threshold * static_cast<double>(allowed_bytes_)) {
+        release_unused_segments_locked();
+      }
+    }
+    found = grow_locked(rounded, stream, pool);
+  }
+
+  // Stage 5: release cached oversize blocks (whole segments) and grow again.
+  if (found == nullptr) {
+    ++stats_.num_alloc_retries;
+    if (release_available_oversize_locked(rounded, pool)) found = grow_locked(rounded, stream, pool);
+  }
+
+  // Stage 6: wait for every pending free, return every unused cached
+  // segment to the device, then retry the free list and growth. Skipped
+  // during a capture, which must not synchronize.
+  if (found == nullptr && !capturing) {
+    synchronize_pending_locked();
+    found = find_free_block_locked(free_set, rounded, stream);
+    if (found == nullptr) {
+      release_unused_segments_locked();
+      found = grow_locked(rounded, stream, pool);
+    }
+  }
+
+  // Stage 7: give up with the numbers the user needs.
+  if (found == nullptr) raise_oom_locked(bytes);
+
+  take_block_locked(found, rounded, bytes, remainder_stream);
+  return reinterpret_cast<void*>(found->address);
+}
+
+block* caching_allocator::find_free_block_locked(free_block_set& free_set, std::size_t rounded, stream_handle stream) {
+  auto it = free_set.lower_bound(block_key{stream, rounded, 0});
+  if (it == free_set.end() || (*it)->stream != stream) return nullptr;
+  block* b = *it;
+  if (!policy_.may_reuse(b->size, rounded)) return nullptr;
+  erase_free_locked(b);
+  return b;
+}
+
+block* caching_allocator::borrow_from_other_stream_locked(free_block_set& free_set, std::size_t rounded,
+                                                          stream_handle stream) {
+  block* best = nullptr;
+  // Visit each stream present in the set once: best fit within it, then
+  // jump past all of its blocks.
+  for (auto it = free_set.begin(); it != free_set.end();) {
+    const stream_handle other = (*it)->stream;
+    if (other != stream) {
+      auto candidate = free_set.lower_bound(block_key{other, rounded, 0});
+      if (candidate != free_set.end() && (*candidate)->stream == other && policy_.may_reuse((*candidate)->size, rounded) &&
+          (best == nullptr || (*candidate)->size < best->size)) {
+        best = *candidate;
+      }
+    }
+    it = free_set.upper_bound(block_key{other, k_max_size, std::numeric_limits<std::uintptr_t>::max()});
+  }
+  if (best == nullptr) return nullptr;
+
+  event_handle event = 0;
+  if (!events_.acquire(&event)) return nullptr;
+  // A failed record or wait leaves the block where it was; growth follows.
+  const bool handed_off = backend_.record_event(event, best->stream).ok() && backend_.stream_wait_event(stream, event).ok();
+  // The wait captured the record, so the event may be re-recorded at once.
+  events_.release(event);
+  if (!handed_off) return nullptr;
+  erase_free_locked(best);
+  ++stats_.num_cross_stream_reuses;
+  return best;
+}
+
+block* caching_allocator::grow_locked(std::size_t rounded, stream_handle stream, pool_id pool) {
+  std::size_t segment_bytes = 0;
+  if (!policy_.segment_size(rounded, &segment_bytes)) return nullptr;
+  const auto reserved = static_cast<std::size_t>(stats_.reserved_bytes[0].current);
+  if (segment_bytes > allowed_bytes_ || reserved > allowed_bytes_ - segment_bytes) return nullptr;
+
+  void* ptr = nullptr;
+  const status st = backend_.allocate_segment(segment_bytes, &ptr);
+  if (!st) {
+    if (st.code() == status_code::out_of_memory) return nullptr;
+    throw device_failure("streamalloc: device " + std::to_string(backend_.device_index()) +
+                         " failed to allocate a segment: " + st.message());
+  }
+
+  auto* s = new segment;
+  s->address = to_address(ptr);
+  s->size = segment_bytes;
+  s->stream = stream;
+  s->is_small = policy_.is_small(rounded);
+  s->pool = pool;
+  block* b = new_block_locked();
+  b->address = s->address;
+  b->size = segment_bytes;
+  b->stream = stream;
+  b->owner = s;
+  s->first = b;
+  segments_.emplace(s->address, s);
+  if (pool != 0) ++private_pools_[pool].segments;
+
+  update_stat(stats_.segment, s, 1);
+  update_stat(stats_.reserved_bytes, s, static_cast<std::int64_t>(segment_bytes));
+  if (policy_.is_oversize(segment_bytes)) stats_.oversize_segments.increase(1);
+  ++stats_.num_device_alloc;
+  return b;
+}
+
+void caching_allocator::take_block_locked(block* b, std::size_t rounded, std::size_t requested,
+                                          stream_handle remainder_stream) {
+  segment* s = b->owner;
+  if (policy_.should_split(b->size, rounded, s->is_small)) {
+    block* rest = new_block_locked();
+    rest->address = b->address + rounded;
+    rest->size = b->size - rounded;
+    rest->stream = remainder_stream;
+    rest->owner = s;
+    rest->prev = b;
+    rest->next = b->next;
+    if (b->next != nullptr) b->next->prev = rest;
+    b->next = rest;
+    b->size = rounded;
+    insert_free_locked(rest);
+  }
+  b->allocated = true;
+  b->requested_size = requested;
+  allocated_.emplace(b->address, b);
+
+  const auto size = static_cast<std::int64_t>(b->size);
+  update_stat(stats_.allocation, s, 1);
+  update_stat(stats_.allocated_bytes, s, size);
+  update_stat(stats_.active, s, 1);
+  update_stat(stats_.active_bytes, s, size);
+  update_stat(stats_.requested_bytes, s, static_cast<std::int64_t>(requested));
+  if (policy_.is_oversize(b->size)) stats_.oversize_allocations.increase(1);
+}
+
+// ---------------------------------------------------------------------------
+// Free and stream uses
+
+void caching_allocator::free(void* ptr) {
+  if (ptr == nullptr) return;
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = allocated_.find(to_address(ptr));
+  if (it == allocated_.end()) throw usage_error(describe_unknown_pointer_locked(ptr));
+  block* b = it->second;
+  allocated_.erase(it);
+  b->allocated = false;
+
+  segment* s = b->owner;
+  update_stat(stats_.allocation, s, -1);
+  update_stat(stats_.allocated_bytes, s, -static_cast<std::int64_t>(b->size));
+  update_stat(stats_.requested_bytes, s, -static_cast<std::int64_t>(b->requested_size));
+  if (policy_.is_oversize(b->size)) stats_.oversize_allocations.decrease(1);
+
+  if (b->stream_uses.empty()) {
+    return_to_pool_locked(b);
+  } else if (capture_count_.load(std::memory_order_relaxed) != 0) {
+    b->pending_events = 1;  // stands for the events recorded when captures end
+    deferred_frees_.push_back(b);
+  } else {
+    insert_events_locked(b);
+  }
+}
+
+void caching_allocator::record_stream(void* ptr, stream_handle stream) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = allocated_.find(to_address(ptr));
+  if (it == allocated_.end()) throw usage_error("record_stream: " + describe_unknown_pointer_locked(ptr));
+  block* b = it->second;
+  if (stream == b->stream) return;
+  if (std::find(b->stream_uses.begin(), b->stream_uses.end(), stream) == b->stream_uses.end()) {
+    b->stream_uses.push_back(stream);
+  }
+}
+
+void caching_allocator::insert_events_locked(block* b) {
+  bool needs_device_sync = false;
+  for (stream_handle use : b->stream_uses) {
+    event_handle event = 0;
+    if (!events_.acquire(&event)) {
+      needs_device_sync = true;
+      continue;
+    }
+    if (!backend_.record_event(event, use)) {
+      events_.release(event);
+      needs_device_sync = true;
+      continue;
+    }
+    pending_[use].push_back({event, b});
+    ++b->pending_events;
+  }
+  b->stream_uses.clear();
+  if (needs_device_sync) {
+    // Without an event the only proof that the stream is done is a full
+    // device synchronization; until one succeeds the block stays pending.
+    ++b->pending_events;
+    awaiting_device_sync_.push_back(b);
+  }
+  if (b->pending_events == 0) return_to_pool_locked(b);
+}
+
+void caching_allocator::process_events_locked() {
+  for (auto it = pending_.begin(); it != pending_.end();) {
+    std::deque<pending_event>& queue = it->second;
+    while (!queue.empty()) {
+      bool done = false;
+      if (!backend_.query_event(queue.front().event, &done) || !done) break;
+      const pending_event entry = queue.front();
+      queue.pop_front();
+      complete_event_locked(entry);
+    }
+    it = queue.empty() ? pending_.erase(it) : std::next(it);
+  }
+}
+
+void caching_allocator::complete_event_locked(const pending_event& entry) {
+  events_.release(entry.event);
+  if (--entry.owner->pending_events == 0) return_to_pool_locked(entry.owner);
+}
+
+void caching_allocator::synchronize_pending_locked() {
+  ++stats_.num_sync_all_streams;
+  bool device_synced = false;
+  for (auto it = pending_.begin(); it != pending_.end();) {
+    std::deque<pending_event>& queue = it->second;
+    while (!queue.empty()) {
+      if (!backend_.synchronize_event(queue.front().event)) {
+        if (!device_synced && !backend_.synchronize_device()) break;
+        device_synced = true;
+      }
+      const pending_event entry = queue.front();
+      queue.pop_front();
+      complete_event_locked(entry);
+    }
+    it = queue.empty() ? pending_.erase(it) : std::next(it);
+  }
+  if (!awaiting_device_sync_.empty() && (device_synced || backend_.synchronize_device())) {
+    std::vector<block*> ready;
+    ready.swap(awaiting_device_sync_);
+    for (block* b : ready) {
+      if (--b->pending_events == 0) return_to_pool_locked(b);
+    }
+  }
+}
+
+void caching_allocator::return_to_pool_locked(block* b) {
+  segment* s = b->owner;
+  update_stat(stats_.active, s, -1);
+  update_stat(stats_.active_bytes, s, -static_cast<std::int64_t>(b->size));
+  b->requested_size = 0;
+
+  block* merged = b;
+  if (block* prev = b->prev; prev != nullptr && prev->is_free() && prev->stream == b->stream) {
+    erase_free_locked(prev);
+    prev->size += b->size;
+    prev->next = b->next;
+    if (b->next != nullptr) b->next->prev = prev;
+    delete_block_locked(b);
+    merged = prev;
+  }
+  if (block* next = merged->next; next != nullptr && next->is_free() && next->stream == merged->stream) {
+    erase_free_locked(next);
+    merged->size += next->size;
+    merged->next = next->next;
+    if (next->next != nullptr) next->next->prev = merged;
+    delete_block_locked(next);
+  }
+  insert_free_locked(merged);
+  // A released private pool gives memory back as soon as a segment empties.
+  if (s->pool != 0 && pool_releasable_locked(s->pool) && segment_unused(s)) release_segment_locked(s);
+}
+
+void caching_allocator::insert_free_locked(block* b) {
+  pool_for_locked(b->owner->pool, b->owner->is_small).insert(b);
+  if (b->is_split()) {
+    b->counted_inactive_split = true;
+    update_stat(stats_.inactive_split, b->owner, 1);
+    update_stat(stats_.inactive_split_bytes, b->owner, static_cast<std::int64_t>(b->size));
+  }
+}
+
+void caching_allocator::erase_free_locked(block* b) {
+  pool_for_locked(b->owner->pool, b->owner->is_small).erase(b);
+  if (b->counted_inactive_split) {
+    b->counted_inactive_split = false;
+    update_stat(stats_.inactive_split, b->owner, -1);
+    update_stat(stats_.inactive_split_bytes, b->owner, -static_cast<std::int64_t>(b->size));
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Giving memory back
+
+void caching_allocator::empty_cache() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (capture_count_.load(std::memory_order_relaxed) == 0 &&
+      (!pending_.empty() || !awaiting_device_sync_.empty())) {
+    synchronize_pending_locked();
+  }
+  release_unused_segments_locked();
+}
+
+bool caching_allocator::release_available_oversize_locked(std::size_t rounded, pool_id pool) {
+  if (config_.max_split_bytes == k_max_size) return false;
+  if (pool != 0 && !pool_releasable_locked(pool)) return false;
+  std::vector<block*> whole;  // unsplit oversize blocks, i.e. whole unused segments
+  for (block* b : pool_for_locked(pool, false)) {
+    if (policy_.is_oversize(b->size) && !b->is_split()) whole.push_back(b);
+  }
+  if (whole.empty()) return false;
+  std::sort(whole.begin(), whole.end(), [](const block* a, const block* b) { return a->size < b->size; });
+  // The smallest one that alone makes room, else the largest ones until the
+  // released bytes cover the request.
+  auto enough = std::find_if(whole.begin(), whole.end(), [&](const block* b) { return b->size >= rounded; });
+  if (enough != whole.end()) return release_segment_locked((*enough)->owner);
+  std::size_t released = 0;
+  bool any = false;
+  for (auto it = whole.rbegin(); it != whole.rend() && released < rounded; ++it) {
+    const std::size_t size = (*it)->size;
+    if (release_segment_locked((*it)->owner)) released += size, any = true;
+  }
+  return any;
+}
+
+void caching_allocator::release_unused_segments_locked() {
+  for (auto it = segments_.begin(); it != segments_.end();) {
+    segment* s = it->second;
+    ++it;  // release_segment_locked erases s from the map
+    if (pool_releasable_locked(s->pool) && segment_unused(s)) release_segment_locked(s);
+  }
+}
+
+bool caching_allocator::release_segment_locked(segment* s) {
+  if (!backend_.free_segment(reinterpret_cast<void*>(s->address), s->size)) return false;
+  for (block* b = s->first; b != nullptr;) {
+    block* next = b->next;
+    erase_free_locked(b);
+    delete_block_locked(b);
+    b = next;
+  }
+  update_stat(stats_.segment, s, -1);
+  update_stat(stats_.reserved_bytes, s, -static_cast<std::int64_t>(s->size));
+  if (policy_.is_oversize(s->size)) stats_.oversize_segments.decrease(1);
+  ++stats_.num_device_free;
+  segments_.erase(s->address);
+  if (s->pool != 0) {
+    auto p = private_pools_.find(s->pool);
+    if (--p->second.segments == 0 && p->second.use_count == 0) private_pools_.erase(p);
+  }
+  delete s;
+  return true;
+}
+
+bool caching_allocator::segment_unused(const segment* s) const {
+  for (const block* b = s->first; b != nullptr; b = b->next) {
+    if (!b->is_free()) return false;
+  }
+  return true;
+}
+
+bool caching_allocator::pool_releasable_locked(pool_id pool) const {
+  if (pool == 0) return true;
+  auto it = private_pools_.find(pool);
+  return it == private_pools_.end() || it->second.use_count == 0;
+}
+
+void caching_allocator::set_memory_fraction(double fraction) {
+  if (!(fraction > 0.0 && fraction <= 1.0)) {
+    throw usage_error("streamalloc: memory fraction must be in (0, 1], got " + std::to_string(fraction));
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  set_fraction_locked(fraction);
+}
+
+double caching_allocator::memory_fraction() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return fraction_;
+}
+
+void caching_allocator::set_fraction_locked(double fraction) {
+  fraction_ = fraction;
+  allowed_bytes_ = fraction >= 1.0 ? device_total_bytes_
+                                   : static_cast<std::size_t>(fraction * static_cast<double>(device_total_bytes_));
+}
+
+// ---------------------------------------------------------------------------
+// Private pools (CUDA graph capture)
+
+void caching_allocator::begin_allocate_to_pool(pool_id id, stream_filter filter) {
+  if (id == 0) throw usage_error("streamalloc: private pool id 0 is reserved for the default pool");
+  std::lock_guard<std::mutex> lock(mutex_);
+  ++private_pools_[id].use_count;
+  captures_.push_back({id, std::move(filter)});
+  capture_count_.store(static_cast<int>(captures_.size()), std::memory_order_release);
+}
+
+void caching_allocator::end_allocate_to_pool(pool_id id) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = std::find_if(captures_.begin(), captures_.end(), [&](const capture& c) { return c.id == id; });
+  if (it == captures_.end()) throw usage_error("streamalloc: no allocation to private pool " + std::to_string(id) + " is underway");
+  captures_.erase(it);
+  capture_count_.store(static_cast<int>(captures_.size()), std::memory_order_release);
+  if (captures_.empty()) finish_deferred_frees_locked();
+}
+
+void caching_allocator::release_pool(pool_id id) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = private_pools_.find(id);
+  if (it == private_pools_.end() || it->second.use_count == 0) {
+    throw usage_error("streamalloc: private pool " + std::to_string(id) + " is not in use");
+  }
+  if (--it->second.use_count > 0) return;
+  if (it->second.segments == 0) {
+    private_pools_.erase(it);
+    return;
+  }
+  // Only this pool's memory: the default pool's cache stays warm.
+  for (auto seg = segments_.begin(); seg != segments_.end();) {
+    segment* s = seg->second;
+    ++seg;  // release_segment_locked erases s (and, with its last segment, the pool)
+    if (s->pool == id && segment_unused(s)) release_segment_locked(s);
+  }
+}
+
+void caching_allocator::finish_deferred_frees_locked() {
+  std::vector<block*> deferred;
+  deferred.swap(deferred_frees_);
+  for (block* b : deferred) {
+    b->pending_events = 0;
+    insert_events_locked(b);
+  }
+}
+
+pool_id caching_allocator::route_capture(stream_handle stream) {
+  std::vector<capture> active;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    active = captures_;
+  }
+  // The filters are evaluated without the lock: they query the runtime.
+  for (const capture& c : active) {
+    if (c.filter(stream)) return c.id;
+  }
+  return 0;
+}
+
+template <typename self_type>
+auto& caching_allocator::pool_of(self_type& self, pool_id pool, bool small) {
+  auto* pair = &self.default_pool_;
+  if (pool != 0) {
+    auto it = self.private_pools_.find(pool);
+    // A pool released between routing and locking serves nothing new.
+    if (it != self.private_pools_.end()) pair = &it->second.free;
+  }
+  return small ? pair->small : pair->large;
+}
+
+free_block_set& caching_allocator::pool_for_locked(pool_id pool, bool small) { return pool_of(*this, pool, small); }
+
+const free_block_set& caching_allocator::pool_for_locked(pool_id pool, bool small) const {
+  return pool_of(*this, pool, small);
+}
+
+// ---------------------------------------------------------------------------
+// Introspection
+
+device_stats caching_allocator::stats() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  device_stats out = stats_;
+  fill_fragmentation_locked(&out);
+  return out;
+}
+
+void caching_allocator::reset_peak_stats() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (stat_array* array : {&stats_.allocation, &stats_.segment, &stats_.active, &stats_.inactive_split,
+                            &stats_.allocated_bytes, &stats_.reserved_bytes, &stats_.active_bytes,
+                            &stats_.inactive_split_bytes, &stats_.requested_bytes}) {
+    for (stat_counter& c : *array) c.reset_peak();
+  }
+  stats_.oversize_allocations.reset_peak();
+  stats_.oversize_segments.reset_peak();
+}
+
+void caching_allocator::reset_accumulated_stats() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (stat_array* array : {&stats_.allocation, &stats_.segment, &stats_.active, &stats_.inactive_split,
+                            &stats_.allocated_bytes, &stats_.reserved_bytes, &stats_.active_bytes,
+                            &stats_.inactive_split_bytes, &stats_.requested_bytes}) {
+    for (stat_counter& c : *array) c.reset_accumulated();
+  }
+  stats_.oversize_allocations.reset_accumulated();
+  stats_.oversize_segments.reset_accumulated();
+  stats_.num_alloc_retries = 0;
+  stats_.num_ooms = 0;
+  stats_.num_sync_all_streams = 0;
+  stats_.num_device_alloc = 0;
+  stats_.num_device_free = 0;
+  stats_.num_cross_stream_reuses = 0;
+}
+
+template <typename fn>
+void caching_allocator::for_each_free_set_locked(fn&& visit) const {
+  visit(default_pool_.small);
+  visit(default_pool_.large);
+  for (const auto& [id, p] : private_pools_) {
+    visit(p.free.small);
+    visit(p.free.large);
+  }
+}
+
+void caching_allocator::fill_fragmentation_locked(device_stats* out) const {
+  std::size_t largest = 0;
+  std::size_t total = 0;
+  for_each_free_set_locked([&](const free_block_set& set) {
+    for (const block* b : set) {
+      largest = std::max(largest, b->size);
+      total += b->size;
+    }
+  });
+  out->largest_free_block_bytes = static_cast<std::int64_t>(largest);
+  out->free_cached_bytes = static_cast<std::int64_t>(total);
+  out->external_fragmentation = total == 0 ? 0.0 : 1.0 - static_cast<double>(largest) / static_cast<double>(total);
+  const std::int64_t allocated = stats_.allocated_bytes[0].current;
+  out->reserved_allocated_ratio =
+      allocated == 0 ? 0.0 : static_cast<double>(stats_.reserved_bytes[0].current) / static_cast<double>(allocated);
+}
+
+void caching_allocator::cache_info(std::size_t* largest_free_bytes, std::size_t* total_free_bytes) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  device_stats scratch;
+  fill_fragmentation_locked(&scratch);
+  if (largest_free_bytes != nullptr) *largest_free_bytes = static_cast<std::size_t>(scratch.largest_free_block_bytes);
+  if (total_free_bytes != nullptr) *total_free_bytes = static_cast<std::size_t>(scratch.free_cached_bytes);
+}
+
+allocator_snapshot caching_allocator::snapshot() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  allocator_snapshot out;
+  out.segments.reserve(segments_.size());
+  for (const auto& [address, s] : segments_) {
+    segment_info info;
+    info.device = backend_.device_index();
+    info.address = s->address;
+    info.total_size = s->size;
+    info.stream = s->stream;
+    info.is_small = s->is_small;
+    info.pool = s->pool;
+    for (const block* b = s->first; b != nullptr; b = b->next) {
+      block_info bi;
+      bi.address = b->address;
+      bi.size = b->size;
+      bi.requested_size = b->requested_size;
+      bi.stream = b->stream;
+      bi.state = b->allocated ? block_state::active_allocated
+                              : (b->pending_events > 0 ? block_state::active_pending_free : block_state::inactive);
+      if (b->allocated) info.allocated_size += b->size;
+      if (bi.state != block_state::inactive) {
+        info.active_size += b->size;
+        info.requested_size += b->requested_size;
+      }
+      info.blocks.push_back(bi);
+    }
+    out.segments.push_back(std::move(info));
+  }
+  return out;
+}
+
+bool caching_allocator::owns(const void* ptr) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return allocated_.count(to_address(ptr)) != 0;
+}
+
+std::size_t caching_allocator::allocation_size(const void* ptr) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = allocated_.find(to_address(ptr));
+  if (it == allocated_.end()) throw usage_error(describe_unknown_pointer_locked(ptr));
+  return it->second->size;
+}
+
+std::string caching_allocator::describe_unknown_pointer_locked(const void* ptr) const {
+  const std::uintptr_t address = to_address(ptr);
+  std::ostringstream out;
+  out << "streamalloc: pointer " << ptr << " on device " << backend_.device_index() << " ";
+  auto it = segments_.upper_bound(address);
+  if (it != segments_.begin()) {
+    const segment* s = std::prev(it)->second;
+    if (address < s->address + s->size) {
+      for (const block* b = s->first; b != nullptr; b = b->next) {
+        if (address < b->address || address >= b->address + b->size) continue;
+        if (address != b->address) {
+          out << "points inside a block (offset " << (address - b->address) << " of a " << b->size
+              << "-byte block); only the pointer returned by allocate can be freed";
+        } else {
+          out << "is not allocated (double free?)";
+        }
+        return out.str();
+      }
+    }
+  }
+  out << "was never allocated by this allocator";
+  return out.str();
+}
+
+void caching_allocator::update_stat(stat_array& array, const segment* s, std::int64_t delta) {
+  stat_counter& all = array[static_cast<int>(stat_type::all)];
+  stat_counter& pool = array[static_cast<int>(s->is_small ? stat_type::small_pool : stat_type::large_pool)];
+  if (delta >= 0) {
+    all.increase(delta);
+    pool.increase(delta);
+  } else {
+    all.decrease(-delta);
+    pool.decrease(-delta);
+  }
+}
+
+void caching_allocator::raise_oom_locked(std::size_t requested) {
+  ++stats_.num_ooms;
+  oom_context context;
+  context.device = backend_.device_index();
+  context.requested_bytes = requested;
+  context.device_total_bytes = device_total_bytes_;
+  device_memory_info info;
+  if (backend_.memory_info(&info)) context.device_free_bytes = info.free_bytes;
+  context.allocated_bytes = static_cast<std::size_t>(stats_.allocated_bytes[0].current);
+  context.reserved_bytes = static_cast<std::size_t>(stats_.reserved_bytes[0].current);
+  context.allowed_bytes = allowed_bytes_;
+  device_stats scratch;
+  fill_fragmentation_locked(&scratch);
+  context.largest_free_block_bytes = static_cast<std::size_t>(scratch.largest_free_block_bytes);
+  throw out_of_memory(context);
+}
+
+block* caching_allocator::new_block_locked() {
+  if (spare_blocks_.empty()) return new block;
+  block* b = spare_blocks_.back();
+  spare_blocks_.pop_back();
+  return b;
+}
+
+void caching_allocator::delete_block_locked(block* b) {
+  std::vector<stream_handle> uses = std::move(b->stream_uses);
+  uses.clear();
+  *b = block{};
+  b->stream_uses = std::move(uses);  // keeps its capacity for the next user
+  spare_blocks_.push_back(b);
+}
+
+// ---------------------------------------------------------------------------
+// Note [invariants]: checked by validate() after every step of the
+// randomized tests.
+// - The blocks of a segment tile it: address-contiguous, linked both ways,
+//   owned by it, sizes summing to the segment size.
+// - No two address-adjacent free blocks share a stream (they coalesce).
+// - Free blocks are exactly the members of the free sets, each in the set
+//   of its segment's pool; allocated blocks are exactly the map's entries.
+// - Pending-event counts match the outstanding events.
+// - Every stat's current value equals a recount from the blocks.
+
+void caching_allocator::validate() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto fail = [](const std::string& what) { throw std::logic_error("streamalloc invariant violated: " + what); };
+
+  device_stats recount;
+  std::size_t free_blocks = 0;
+  std::size_t allocated_blocks = 0;
+  std::int64_t pending_from_blocks = 0;
+  auto bump = [](stat_array& array, const segment* s, std::int64_t delta) {
+    array[0].current += delta;
+    array[s->is_small ? 1 : 2].current += delta;
+  };
+  for (const auto& [address, s] : segments_) {
+    if (address != s->address) fail("segment map key differs from segment address");
+    if (s->first == nullptr || s->first->prev != nullptr) fail("segment does not start with a first block");
+    bump(recount.segment, s, 1);
+    bump(recount.reserved_bytes, s, static_cast<std::int64_t>(s->size));
+    if (policy_.is_oversize(s->size)) ++recount.oversize_segments.current;
+    std::uintptr_t expected = s->address;
+    for (const block* b = s->first; b != nullptr; b = b->next) {
+      if (b->owner != s) fail("block owned by another segment");
+      if (b->address != expected) fail("blocks are not address-contiguous");
+      if (b->size == 0) fail("empty block");
+      if (b->next != nullptr && b->next->prev != b) fail("broken neighbour links");
+      expected += b->size;
+      const auto size = static_cast<std::int64_t>(b->size);
+      if (b->allocated) {
+        ++allocated_blocks;
+        if (b->pending_events != 0) fail("allocated block with pending events");
+        auto it = allocated_.find(b->address);
+        if (it == allocated_.end() || it->second != b) fail("allocated block missing from the pointer map");
+        bump(recount.allocation, s, 1);
+        bump(recount.allocated_bytes, s, size);
+        bump(recount.requested_bytes, s, static_cast<std::int64_t>(b->requested_size));
+        if (policy_.is_oversize(b->size)) ++recount.oversize_allocations.current;
+      }
+      if (!b->is_free()) {
+        bump(recount.active, s, 1);
+        bump(recount.active_bytes, s, size);
+      }
+      if (b->pending_events > 0) pending_from_blocks += b->pending_events;
+      if (b->is_free()) {
+        ++free_blocks;
+        const free_block_set& set = pool_for_locked(s->pool, s->is_small);
+        auto found = set.find(block_order::key(b));
+        if (found == set.end() || *found != b) fail("free block missing from its pool");
+        if (b->next != nullptr && b->next->is_free() && b->next->stream == b->stream) fail("adjacent free blocks of one stream not coalesced");
+        if (b->counted_inactive_split != b->is_split()) fail("inactive-split bookkeeping out of date");
+        if (b->is_split()) {
+          bump(recount.inactive_split, s, 1);
+          bump(recount.inactive_split_bytes, s, size);
+        }
+        if (!b->stream_uses.empty()) fail("free block keeps stream uses");
+      }
+    }
+    if (expected != s->address + s->size) fail("blocks do not cover their segment");
+  }
+  std::size_t set_members = 0;
+  for_each_free_set_locked([&](const free_block_set& set) {
+    set_members += set.size();
+    for (const block* b : set) {
+      if (!b->is_free()) fail("non-free block in a free set");
+    }
+  });
+  if (set_members != free_blocks) fail("free sets hold blocks that are not in any segment");
+  if (allocated_.size() != allocated_blocks) fail("pointer map holds blocks that are not allocated");
+
+  std::int64_t outstanding = static_cast<std::int64_t>(deferred_frees_.size() + awaiting_device_sync_.size());
+  for (const auto& [stream, queue] : pending_) outstanding += static_cast<std::int64_t>(queue.size());
+  if (outstanding != pending_from_blocks) fail("pending-event counts differ from outstanding events");
+
+  auto compare = [&](const char* name, const stat_array& have, const stat_array& want) {
+    for (int i = 0; i < k_stat_type_count; ++i) {
+      if (have[i].current != want[i].current) {
+        fail(std::string("stat ") + name + "[" + std::to_string(i) + "] is " + std::to_string(have[i].current) +
+             ", recount " + std::to_string(want[i].current));
+      }
+    }
+  };
+  compare("allocation", stats_.allocation, recount.allocation);
+  compare("segment", stats_.segment, recount.segment);
+  compare("active", stats_.active, recount.active);
+  compare("inactive_split", stats_.inactive_split, recount.inactive_split);
+  compare("allocated_bytes", stats_.allocated_bytes, recount.allocated_bytes);
+  compare("reserved_bytes", stats_.reserved_bytes, recount.reserved_bytes);
+  compare("active_bytes", stats_.active_bytes, recount.active_bytes);
+  compare("inactive_split_bytes", stats_.inactive_split_bytes, recount.inactive_split_bytes);
+  compare("requested_bytes", stats_.requested_bytes, recount.requested_bytes);
+  if (stats_.oversize_allocations.current != recount.oversize_allocations.current) fail("oversize_allocations stat");
+  if (stats_.oversize_segments.current != recount.oversize_segments.current) fail("oversize_segments stat");
+}
+
+}  // namespace streamalloc

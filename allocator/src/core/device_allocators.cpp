@@ -1,0 +1,46 @@
+// Per-device allocator set: each device's backend and caching_allocator are
+// made on first use, so a process touching one GPU pays for one.
+#include "streamalloc/core/device_allocators.hpp"
+
+#include <string>
+#include <utility>
+
+#include "streamalloc/util/errors.hpp"
+
+namespace streamalloc {
+
+device_allocators::device_allocators(int device_count, backend_factory factory, allocator_config config)
+    : factory_(std::move(factory)), config_(std::move(config)) {
+  for (int i = 0; i < device_count; ++i) slots_.push_back(std::make_unique<slot>());
+}
+
+device_allocators::~device_allocators() = default;
+
+caching_allocator& device_allocators::at(int device) {
+  if (device < 0 || device >= device_count()) {
+    throw usage_error("streamalloc: device index " + std::to_string(device) + " does not exist (" +
+                      std::to_string(device_count()) + " device(s) visible)");
+  }
+  slot& s = *slots_[static_cast<std::size_t>(device)];
+  // call_once re-runs the initializer if it threw, so a transient failure
+  // does not poison the slot.
+  std::call_once(s.once, [&] {
+    status error;
+    std::unique_ptr<device_backend> backend = factory_(device, &error);
+    if (!backend) {
+      throw device_failure("streamalloc: cannot use device " + std::to_string(device) + ": " + error.message());
+    }
+    auto allocator = std::make_unique<caching_allocator>(*backend, config_);
+    s.backend = std::move(backend);
+    s.allocator = std::move(allocator);
+    s.published.store(s.allocator.get(), std::memory_order_release);
+  });
+  return *s.allocator;
+}
+
+caching_allocator* device_allocators::find(int device) const {
+  if (device < 0 || device >= device_count()) return nullptr;
+  return slots_[static_cast<std::size_t>(device)]->published.load(std::memory_order_acquire);
+}
+
+}  // namespace streamalloc
