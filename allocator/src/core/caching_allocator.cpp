@@ -208,6 +208,7 @@ block* caching_allocator::grow_locked(std::size_t rounded, stream_handle stream,
   s->stream = stream;
   s->is_small = policy_.is_small(rounded);
   s->pool = pool;
+  s->free_set = &pool_for_locked(pool, s->is_small);
   block* b = new_block_locked();
   b->address = s->address;
   b->size = segment_bytes;
@@ -215,7 +216,7 @@ block* caching_allocator::grow_locked(std::size_t rounded, stream_handle stream,
   b->owner = s;
   s->first = b;
   segments_.emplace(s->address, s);
-  if (pool != 0) ++private_pools_[pool].segments;
+  if (pool != 0) ++private_pools_.try_emplace(pool, &set_nodes_).first->second.segments;
 
   update_stat(stats_.segment, s, 1);
   update_stat(stats_.reserved_bytes, s, static_cast<std::int64_t>(segment_bytes));
@@ -242,7 +243,7 @@ void caching_allocator::take_block_locked(block* b, std::size_t rounded, std::si
   }
   b->allocated = true;
   b->requested_size = requested;
-  allocated_.emplace(b->address, b);
+  allocated_.insert(b->address, b);
 
   const auto size = static_cast<std::int64_t>(b->size);
   update_stat(stats_.allocation, s, 1);
@@ -259,10 +260,8 @@ void caching_allocator::take_block_locked(block* b, std::size_t rounded, std::si
 void caching_allocator::free(void* ptr) {
   if (ptr == nullptr) return;
   std::lock_guard<std::mutex> lock(mutex_);
-  auto it = allocated_.find(to_address(ptr));
-  if (it == allocated_.end()) throw usage_error(describe_unknown_pointer_locked(ptr));
-  block* b = it->second;
-  allocated_.erase(it);
+  block* b = allocated_.erase(to_address(ptr));
+  if (b == nullptr) throw usage_error(describe_unknown_pointer_locked(ptr));
   b->allocated = false;
 
   segment* s = b->owner;
@@ -283,9 +282,8 @@ void caching_allocator::free(void* ptr) {
 
 void caching_allocator::record_stream(void* ptr, stream_handle stream) {
   std::lock_guard<std::mutex> lock(mutex_);
-  auto it = allocated_.find(to_address(ptr));
-  if (it == allocated_.end()) throw usage_error("record_stream: " + describe_unknown_pointer_locked(ptr));
-  block* b = it->second;
+  block* b = allocated_.find(to_address(ptr));
+  if (b == nullptr) throw usage_error("record_stream: " + describe_unknown_pointer_locked(ptr));
   if (stream == b->stream) return;
   if (std::find(b->stream_uses.begin(), b->stream_uses.end(), stream) == b->stream_uses.end()) {
     b->stream_uses.push_back(stream);
@@ -390,7 +388,7 @@ void caching_allocator::return_to_pool_locked(block* b) {
 }
 
 void caching_allocator::insert_free_locked(block* b) {
-  pool_for_locked(b->owner->pool, b->owner->is_small).insert(b);
+  b->owner->free_set->insert(b);
   if (b->is_split()) {
     b->counted_inactive_split = true;
     update_stat(stats_.inactive_split, b->owner, 1);
@@ -399,7 +397,7 @@ void caching_allocator::insert_free_locked(block* b) {
 }
 
 void caching_allocator::erase_free_locked(block* b) {
-  pool_for_locked(b->owner->pool, b->owner->is_small).erase(b);
+  b->owner->free_set->erase(b);
   if (b->counted_inactive_split) {
     b->counted_inactive_split = false;
     update_stat(stats_.inactive_split, b->owner, -1);
@@ -508,7 +506,7 @@ void caching_allocator::set_fraction_locked(double fraction) {
 void caching_allocator::begin_allocate_to_pool(pool_id id, stream_filter filter) {
   if (id == 0) throw usage_error("streamalloc: private pool id 0 is reserved for the default pool");
   std::lock_guard<std::mutex> lock(mutex_);
-  ++private_pools_[id].use_count;
+  ++private_pools_.try_emplace(id, &set_nodes_).first->second.use_count;
   captures_.push_back({id, std::move(filter)});
   capture_count_.store(static_cast<int>(captures_.size()), std::memory_order_release);
 }
@@ -687,14 +685,14 @@ allocator_snapshot caching_allocator::snapshot() const {
 
 bool caching_allocator::owns(const void* ptr) const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return allocated_.count(to_address(ptr)) != 0;
+  return allocated_.find(to_address(ptr)) != nullptr;
 }
 
 std::size_t caching_allocator::allocation_size(const void* ptr) const {
   std::lock_guard<std::mutex> lock(mutex_);
-  auto it = allocated_.find(to_address(ptr));
-  if (it == allocated_.end()) throw usage_error(describe_unknown_pointer_locked(ptr));
-  return it->second->size;
+  const block* b = allocated_.find(to_address(ptr));
+  if (b == nullptr) throw usage_error(describe_unknown_pointer_locked(ptr));
+  return b->size;
 }
 
 std::string caching_allocator::describe_unknown_pointer_locked(const void* ptr) const {
@@ -719,18 +717,6 @@ std::string caching_allocator::describe_unknown_pointer_locked(const void* ptr) 
   }
   out << "was never allocated by this allocator";
   return out.str();
-}
-
-void caching_allocator::update_stat(stat_array& array, const segment* s, std::int64_t delta) {
-  stat_counter& all = array[static_cast<int>(stat_type::all)];
-  stat_counter& pool = array[static_cast<int>(s->is_small ? stat_type::small_pool : stat_type::large_pool)];
-  if (delta >= 0) {
-    all.increase(delta);
-    pool.increase(delta);
-  } else {
-    all.decrease(-delta);
-    pool.decrease(-delta);
-  }
 }
 
 void caching_allocator::raise_oom_locked(std::size_t requested) {
@@ -805,8 +791,7 @@ void caching_allocator::validate() const {
       if (b->allocated) {
         ++allocated_blocks;
         if (b->pending_events != 0) fail("allocated block with pending events");
-        auto it = allocated_.find(b->address);
-        if (it == allocated_.end() || it->second != b) fail("allocated block missing from the pointer map");
+        if (allocated_.find(b->address) != b) fail("allocated block missing from the pointer map");
         bump(recount.allocation, s, 1);
         bump(recount.allocated_bytes, s, size);
         bump(recount.requested_bytes, s, static_cast<std::int64_t>(b->requested_size));
@@ -819,9 +804,9 @@ void caching_allocator::validate() const {
       if (b->pending_events > 0) pending_from_blocks += b->pending_events;
       if (b->is_free()) {
         ++free_blocks;
-        const free_block_set& set = pool_for_locked(s->pool, s->is_small);
-        auto found = set.find(block_order::key(b));
-        if (found == set.end() || *found != b) fail("free block missing from its pool");
+        if (s->free_set != &pool_for_locked(s->pool, s->is_small)) fail("segment points at another pool's free set");
+        auto found = s->free_set->find(block_order::key(b));
+        if (found == s->free_set->end() || *found != b) fail("free block missing from its pool");
         if (b->next != nullptr && b->next->is_free() && b->next->stream == b->stream) fail("adjacent free blocks of one stream not coalesced");
         if (b->counted_inactive_split != b->is_split()) fail("inactive-split bookkeeping out of date");
         if (b->is_split()) {

@@ -1,8 +1,6 @@
 // cuda_backend: device_backend for one GPU through the CUDA runtime
-// (cudaMalloc/cudaFree segments, timing-free events, stream waits). This
-// header names no CUDA type, so code that only picks a backend needs no
-// CUDA headers; streams and events cross it as cudaStream_t/cudaEvent_t
-// values cast to the opaque handles of device_backend.hpp.
+// (cudaMalloc/cudaFree segments, timing-free events, stream waits). No CUDA
+// type appears here: cudaStream_t/cudaEvent_t travel as the opaque handles.
 #pragma once
 
 #include <memory>

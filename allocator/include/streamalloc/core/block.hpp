@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "streamalloc/backend/device_backend.hpp"
+#include "streamalloc/core/node_recycler.hpp"
 #include "streamalloc/core/snapshot.hpp"
 
 namespace streamalloc {
@@ -44,14 +45,6 @@ struct block {
   bool is_split() const { return prev != nullptr || next != nullptr; }
 };
 
-struct segment {
-  std::uintptr_t address = 0;
-  std::size_t size = 0;
-  stream_handle stream = 0;  // stream that caused the segment to be created
-  bool is_small = false;
-  pool_id pool = 0;
-  block* first = nullptr;
-};
 
 // A search position in a free-block set: (stream, size, address).
 struct block_key {
@@ -74,6 +67,16 @@ struct block_order {
   bool operator()(const block_key& a, const block* b) const { return less(a, key(b)); }
 };
 
-using free_block_set = std::set<block*, block_order>;
+using free_block_set = std::set<block*, block_order, recycling_allocator<block*>>;
+
+struct segment {
+  std::uintptr_t address = 0;
+  std::size_t size = 0;
+  stream_handle stream = 0;  // stream that caused the segment to be created
+  bool is_small = false;
+  pool_id pool = 0;
+  free_block_set* free_set = nullptr;  // where its free blocks are cached
+  block* first = nullptr;
+};
 
 }  // namespace streamalloc

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "streamalloc/backend/device_backend.hpp"
+#include "streamalloc/core/address_map.hpp"
 #include "streamalloc/core/block.hpp"
 #include "streamalloc/core/config.hpp"
 #include "streamalloc/core/event_pool.hpp"
@@ -80,10 +81,14 @@ class caching_allocator {
 
  private:
   struct pool_pair {
+    explicit pool_pair(node_recycler* recycler)
+        : small(block_order{}, recycling_allocator<block*>(recycler)),
+          large(block_order{}, recycling_allocator<block*>(recycler)) {}
     free_block_set small;
     free_block_set large;
   };
   struct private_pool {
+    explicit private_pool(node_recycler* recycler) : free(recycler) {}
     pool_pair free;
     int use_count = 0;  // captures/graphs still holding the pool
     std::size_t segments = 0;
@@ -121,7 +126,17 @@ class caching_allocator {
   pool_id route_capture(stream_handle stream);
   void finish_deferred_frees_locked();
   void set_fraction_locked(double fraction);
-  void update_stat(stat_array& array, const segment* s, std::int64_t delta);
+  // Adds to (or, negative, takes from) the "all" entry and the segment's pool entry.
+  static void update_stat(stat_array& array, const segment* s, std::int64_t delta) {
+    stat_counter& pool = array[s->is_small ? 1 : 2];
+    if (delta >= 0) {
+      array[0].increase(delta);
+      pool.increase(delta);
+    } else {
+      array[0].decrease(-delta);
+      pool.decrease(-delta);
+    }
+  }
   [[noreturn]] void raise_oom_locked(std::size_t requested);
   std::string describe_unknown_pointer_locked(const void* ptr) const;
   block* new_block_locked();
@@ -135,10 +150,11 @@ class caching_allocator {
   const size_policy policy_;
   mutable std::mutex mutex_;
   event_pool events_;
+  node_recycler set_nodes_;  // before the pools: they return nodes to it
   std::size_t device_total_bytes_ = 0;
   std::size_t allowed_bytes_ = 0;  // memory-fraction cap
   double fraction_ = 1.0;
-  pool_pair default_pool_;
+  pool_pair default_pool_{&set_nodes_};
   std::map<pool_id, private_pool> private_pools_;
   std::vector<capture> captures_;
   std::atomic<int> capture_count_{0};
@@ -148,7 +164,7 @@ class caching_allocator {
   // Pending frees whose event could not be recorded: they wait for a
   // successful device synchronization.
   std::vector<block*> awaiting_device_sync_;
-  std::unordered_map<std::uintptr_t, block*> allocated_;
+  address_map allocated_;
   std::map<std::uintptr_t, segment*> segments_;
   // Outstanding events per stream, in record order: a stream's events
   // complete in order, so polling stops at the first unfinished one.

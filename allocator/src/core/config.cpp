@@ -1,0 +1,338 @@
+// Parses and renders STREAMALLOC_CONF (`key:value,key:value`, the syntax of
+// PYTORCH_CUDA_ALLOC_CONF). Every key lives in one table that drives parsing,
+// rendering and the documentation, so the three cannot drift apart.
+#include "streamalloc/core/config.hpp"
+
+#include <cctype>
+#include <charconv>
+#include <cmath>
+#include <cstdlib>
+#include <set>
+#include <string_view>
+#include <system_error>
+#include <utility>
+
+#include "streamalloc/util/errors.hpp"
+
+namespace streamalloc {
+
+namespace {
+
+constexpr std::size_t k_min_block_floor_bytes = 256;
+constexpr unsigned k_max_roundup_divisions = 64;
+constexpr std::size_t k_unlimited = std::numeric_limits<std::size_t>::max();
+constexpr const char* k_unlimited_text = "unlimited";
+
+[[noreturn]] void fail(const std::string& message) { throw config_error("STREAMALLOC_CONF: " + message); }
+
+[[noreturn]] void fail_value(std::string_view key, std::string_view value, const std::string& expected) {
+  fail("invalid value '" + std::string(value) + "' for " + std::string(key) + ": expected " + expected);
+}
+
+bool is_space(char c) { return std::isspace(static_cast<unsigned char>(c)) != 0; }
+
+std::string_view trim(std::string_view text) {
+  while (!text.empty() && is_space(text.front())) text.remove_prefix(1);
+  while (!text.empty() && is_space(text.back())) text.remove_suffix(1);
+  return text;
+}
+
+bool is_power_of_two(std::size_t v) { return v != 0 && (v & (v - 1)) == 0; }
+
+// Digits only: a sign, a fraction or trailing characters make it an error
+// rather than being silently dropped as std::stoul would.
+std::size_t parse_count(std::string_view key, std::string_view value, const char* what) {
+  if (value.empty() || value.find_first_not_of("0123456789") != std::string_view::npos) {
+    fail_value(key, value, std::string("a non-negative integer (") + what + ")");
+  }
+  std::size_t result = 0;
+  if (std::from_chars(value.data(), value.data() + value.size(), result).ec != std::errc()) {
+    fail_value(key, value, std::string("a number of ") + what + " that fits in 64 bits");
+  }
+  return result;
+}
+
+std::size_t parse_scaled(std::string_view key, std::string_view value, std::size_t unit, const char* unit_name) {
+  const std::size_t count = parse_count(key, value, unit_name);
+  if (count > k_unlimited / unit) fail_value(key, value, std::string("a size that fits in 64 bits of bytes"));
+  return count * unit;
+}
+
+double parse_real(std::string_view key, std::string_view value, const char* range) {
+  double result = 0.0;
+  const char* last = value.data() + value.size();
+  const auto [end, error] = std::from_chars(value.data(), last, result);
+  if (error != std::errc() || end != last || !std::isfinite(result)) {
+    fail_value(key, value, std::string("a decimal number ") + range);
+  }
+  return result;
+}
+
+bool parse_bool(std::string_view key, std::string_view value) {
+  if (value == "True" || value == "true" || value == "1") return true;
+  if (value == "False" || value == "false" || value == "0") return false;
+  fail_value(key, value, "True or False (also true/false/1/0)");
+}
+
+// Rendering must be exact for parse(to_string()) to give the same config, so
+// a byte count that the key's unit cannot express is an error, not rounded.
+std::string render_scaled(std::size_t bytes, std::size_t unit, const char* field, const char* key, const char* unit_name) {
+  if (bytes % unit != 0) {
+    throw config_error("allocator_config::to_string: " + std::string(field) + " = " + std::to_string(bytes) +
+                       " is not a whole number of " + unit_name + ", so " + key + " cannot express it");
+  }
+  return std::to_string(bytes / unit);
+}
+
+// The shortest text that reads back as the same double.
+std::string render_real(double value) {
+  char buffer[64];
+  const auto result = std::to_chars(buffer, buffer + sizeof(buffer), value);
+  return std::string(buffer, result.ptr);
+}
+
+std::string mib_text(std::size_t bytes) {
+  return bytes % 1_MiB == 0 ? std::to_string(bytes / 1_MiB) + " MiB" : std::to_string(bytes) + " bytes";
+}
+
+struct key_handler {
+  const char* key;
+  const char* description;
+  void (*apply)(allocator_config& config, std::string_view value);
+  std::string (*render)(const allocator_config& config);
+};
+
+const key_handler k_handlers[] = {
+    {"min_block_bytes",
+     "Smallest block size and rounding unit for every request, in bytes; a power of two >= 256 (default 512).",
+     [](allocator_config& c, std::string_view v) {
+       const std::size_t bytes = parse_count("min_block_bytes", v, "bytes");
+       if (bytes < k_min_block_floor_bytes || !is_power_of_two(bytes)) {
+         fail_value("min_block_bytes", v, "a power of two >= 256");
+       }
+       c.min_block_bytes = bytes;
+     },
+     [](const allocator_config& c) { return std::to_string(c.min_block_bytes); }},
+    {"small_size_kb", "Requests up to this many KiB are served from the small pool (default 1024).",
+     [](allocator_config& c, std::string_view v) {
+       const std::size_t bytes = parse_scaled("small_size_kb", v, 1_KiB, "KiB");
+       if (bytes == 0) fail_value("small_size_kb", v, "a positive number of KiB");
+       c.small_request_bytes = bytes;
+     },
+     [](const allocator_config& c) {
+       return render_scaled(c.small_request_bytes, 1_KiB, "small_request_bytes", "small_size_kb", "KiB");
+     }},
+    {"small_segment_mb", "Size in MiB of the segments the small pool carves its blocks from (default 2).",
+     [](allocator_config& c, std::string_view v) {
+       const std::size_t bytes = parse_scaled("small_segment_mb", v, 1_MiB, "MiB");
+       if (bytes == 0) fail_value("small_segment_mb", v, "a positive number of MiB");
+       c.small_segment_bytes = bytes;
+     },
+     [](const allocator_config& c) {
+       return render_scaled(c.small_segment_bytes, 1_MiB, "small_segment_bytes", "small_segment_mb", "MiB");
+     }},
+    {"large_segment_mb",
+     "Size in MiB of the shared segments that serve large requests below min_large_alloc_mb (default 20).",
+     [](allocator_config& c, std::string_view v) {
+       const std::size_t bytes = parse_scaled("large_segment_mb", v, 1_MiB, "MiB");
+       if (bytes == 0) fail_value("large_segment_mb", v, "a positive number of MiB");
+       c.large_segment_bytes = bytes;
+     },
+     [](const allocator_config& c) {
+       return render_scaled(c.large_segment_bytes, 1_MiB, "large_segment_bytes", "large_segment_mb", "MiB");
+     }},
+    {"min_large_alloc_mb",
+     "Large requests of at least this many MiB get a segment of their own, rounded up to large_round_mb "
+     "(default 10).",
+     [](allocator_config& c, std::string_view v) {
+       const std::size_t bytes = parse_scaled("min_large_alloc_mb", v, 1_MiB, "MiB");
+       if (bytes == 0) fail_value("min_large_alloc_mb", v, "a positive number of MiB");
+       c.min_large_alloc_bytes = bytes;
+     },
+     [](const allocator_config& c) {
+       return render_scaled(c.min_large_alloc_bytes, 1_MiB, "min_large_alloc_bytes", "min_large_alloc_mb", "MiB");
+     }},
+    {"large_round_mb", "Segments of their own are rounded up to a multiple of this many MiB (default 2).",
+     [](allocator_config& c, std::string_view v) {
+       const std::size_t bytes = parse_scaled("large_round_mb", v, 1_MiB, "MiB");
+       if (bytes == 0) fail_value("large_round_mb", v, "a positive number of MiB");
+       c.large_round_bytes = bytes;
+     },
+     [](const allocator_config& c) {
+       return render_scaled(c.large_round_bytes, 1_MiB, "large_round_bytes", "large_round_mb", "MiB");
+     }},
+    {"max_split_size_mb",
+     "PyTorch's key: cached blocks of at least this many MiB are never split; at least large_segment_mb, or "
+     "'unlimited' (default unlimited).",
+     [](allocator_config& c, std::string_view v) {
+       c.max_split_bytes = v == k_unlimited_text ? k_unlimited : parse_scaled("max_split_size_mb", v, 1_MiB, "MiB");
+     },
+     [](const allocator_config& c) {
+       return c.max_split_bytes == k_unlimited
+                  ? std::string(k_unlimited_text)
+                  : render_scaled(c.max_split_bytes, 1_MiB, "max_split_bytes", "max_split_size_mb", "MiB");
+     }},
+    {"max_non_split_rounding_mb",
+     "PyTorch's key: a never-split block may serve a request at most this many MiB smaller than itself "
+     "(default 20).",
+     [](allocator_config& c, std::string_view v) {
+       c.max_non_split_rounding_bytes = parse_scaled("max_non_split_rounding_mb", v, 1_MiB, "MiB");
+     },
+     [](const allocator_config& c) {
+       return render_scaled(c.max_non_split_rounding_bytes, 1_MiB, "max_non_split_rounding_bytes",
+                            "max_non_split_rounding_mb", "MiB");
+     }},
+    {"roundup_power2_divisions",
+     "PyTorch's key, single-integer form: round requests up to one of N steps between powers of two; N a power "
+     "of two up to 64, 0 = off (default 0).",
+     [](allocator_config& c, std::string_view v) {
+       const std::size_t n = parse_count("roundup_power2_divisions", v, "divisions");
+       if (n > k_max_roundup_divisions || (n != 0 && !is_power_of_two(n))) {
+         fail_value("roundup_power2_divisions", v, "0 (off) or a power of two from 1 to 64");
+       }
+       c.roundup_power2_divisions = static_cast<unsigned>(n);
+     },
+     [](const allocator_config& c) { return std::to_string(c.roundup_power2_divisions); }},
+    {"cross_stream_reuse",
+     "True lets a free block cached for one stream serve another stream after an event wait, instead of "
+     "growing (default True).",
+     [](allocator_config& c, std::string_view v) { c.cross_stream_reuse = parse_bool("cross_stream_reuse", v); },
+     [](const allocator_config& c) { return std::string(c.cross_stream_reuse ? "True" : "False"); }},
+    {"memory_fraction", "Caps reserved memory at this fraction of device memory, 0 < x <= 1 (default 1).",
+     [](allocator_config& c, std::string_view v) {
+       const double x = parse_real("memory_fraction", v, "in (0, 1]");
+       if (!(x > 0.0 && x <= 1.0)) fail_value("memory_fraction", v, "a decimal number in (0, 1]");
+       c.memory_fraction = x;
+     },
+     [](const allocator_config& c) { return render_real(c.memory_fraction); }},
+    {"garbage_collection_threshold",
+     "PyTorch's key: before growing, free cached blocks once reserved memory exceeds this fraction of the "
+     "allowed memory; 0 < x < 1, 0 = off (default 0).",
+     [](allocator_config& c, std::string_view v) {
+       const double x = parse_real("garbage_collection_threshold", v, "in [0, 1)");
+       if (!(x >= 0.0 && x < 1.0)) fail_value("garbage_collection_threshold", v, "a decimal number in [0, 1), 0 = off");
+       c.garbage_collection_threshold = x;
+     },
+     [](const allocator_config& c) { return render_real(c.garbage_collection_threshold); }},
+};
+
+std::string valid_key_list() {
+  std::string list;
+  for (const key_handler& h : k_handlers) {
+    if (!list.empty()) list += ", ";
+    list += h.key;
+  }
+  return list;
+}
+
+const key_handler* find_handler(std::string_view key) {
+  for (const key_handler& h : k_handlers) {
+    if (key == h.key) return &h;
+  }
+  return nullptr;
+}
+
+// Splits on commas into trimmed (key, value) pairs. One trailing comma is
+// accepted because PyTorch accepts it.
+std::vector<std::pair<std::string_view, std::string_view>> split_entries(std::string_view text) {
+  std::vector<std::pair<std::string_view, std::string_view>> entries;
+  if (trim(text).empty()) return entries;
+  std::size_t start = 0;
+  while (true) {
+    const std::size_t comma = text.find(',', start);
+    const bool last = comma == std::string_view::npos;
+    const std::string_view entry = trim(text.substr(start, last ? std::string_view::npos : comma - start));
+    if (entry.empty()) {
+      if (last && !entries.empty()) break;
+      fail("empty entry in '" + std::string(text) + "' (a leading comma or two commas in a row)");
+    }
+    const std::size_t colon = entry.find(':');
+    if (colon == std::string_view::npos) {
+      fail("entry '" + std::string(entry) + "' is not of the form key:value; valid keys: " + valid_key_list());
+    }
+    const std::string_view key = trim(entry.substr(0, colon));
+    const std::string_view value = trim(entry.substr(colon + 1));
+    if (key.empty()) fail("entry '" + std::string(entry) + "' has no key; valid keys: " + valid_key_list());
+    if (value.empty()) fail("key " + std::string(key) + " has no value");
+    entries.emplace_back(key, value);
+    if (last) break;
+    start = comma + 1;
+  }
+  return entries;
+}
+
+// Cross-key rules, checked once every key has been applied so the order of
+// keys in the string does not matter.
+void check_consistency(const allocator_config& c) {
+  if (c.small_request_bytes < c.min_block_bytes) {
+    fail("small_size_kb (" + std::to_string(c.small_request_bytes) + " bytes) must be at least min_block_bytes (" +
+         std::to_string(c.min_block_bytes) + ")");
+  }
+  if (c.small_segment_bytes < c.small_request_bytes) {
+    fail("small_segment_mb (" + mib_text(c.small_segment_bytes) + ") must be at least small_size_kb (" +
+         std::to_string(c.small_request_bytes / 1_KiB) + " KiB): a small segment must hold the largest small block");
+  }
+  if (c.large_segment_bytes < c.min_large_alloc_bytes) {
+    fail("large_segment_mb (" + mib_text(c.large_segment_bytes) + ") must be at least min_large_alloc_mb (" +
+         mib_text(c.min_large_alloc_bytes) + "): a shared large segment must hold any request below it");
+  }
+  if (c.max_split_bytes < c.large_segment_bytes) {
+    fail("max_split_size_mb (" + mib_text(c.max_split_bytes) + ") must be at least large_segment_mb (" +
+         mib_text(c.large_segment_bytes) + "), as PyTorch requires max_split_size_mb >= 20");
+  }
+  // Block sizes are multiples of min_block_bytes; segments must be too, or
+  // their tail could never become a block.
+  const std::pair<const char*, std::size_t> segment_sizes[] = {{"small_segment_mb", c.small_segment_bytes},
+                                                               {"large_segment_mb", c.large_segment_bytes},
+                                                               {"large_round_mb", c.large_round_bytes}};
+  for (const auto& [key, bytes] : segment_sizes) {
+    if (bytes % c.min_block_bytes != 0) {
+      fail(std::string(key) + " (" + mib_text(bytes) + ") must be a multiple of min_block_bytes (" +
+           std::to_string(c.min_block_bytes) + ")");
+    }
+  }
+}
+
+}  // namespace
+
+allocator_config allocator_config::parse(const std::string& text) { return allocator_config{}.with(text); }
+
+allocator_config allocator_config::from_environment() {
+  const char* text = std::getenv("STREAMALLOC_CONF");
+  return parse(text == nullptr ? std::string() : std::string(text));
+}
+
+allocator_config allocator_config::with(const std::string& text) const {
+  allocator_config result = *this;
+  std::set<std::string_view> seen;
+  for (const auto& [key, value] : split_entries(text)) {
+    const key_handler* handler = find_handler(key);
+    if (handler == nullptr) fail("unknown key '" + std::string(key) + "'; valid keys: " + valid_key_list());
+    if (!seen.insert(key).second) fail("key " + std::string(key) + " appears more than once");
+    handler->apply(result, value);
+  }
+  check_consistency(result);
+  return result;
+}
+
+const std::vector<allocator_config::key_doc>& allocator_config::keys() {
+  static const std::vector<key_doc> docs = [] {
+    std::vector<key_doc> result;
+    for (const key_handler& h : k_handlers) result.push_back({h.key, h.description});
+    return result;
+  }();
+  return docs;
+}
+
+std::string allocator_config::to_string() const {
+  std::string text;
+  for (const key_handler& h : k_handlers) {
+    if (!text.empty()) text += ',';
+    text += h.key;
+    text += ':';
+    text += h.render(*this);
+  }
+  return text;
+}
+
+}  // namespace streamalloc

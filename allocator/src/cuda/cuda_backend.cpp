@@ -1,0 +1,268 @@
+// cuda_backend: the CUDA-runtime device_backend. Every runtime failure is
+// turned into a status carrying the CUDA error name and text; nothing here
+// throws or aborts. The slow paths (segment growth, release, device-wide
+// synchronize) are NVTX ranges in domain "streamalloc" for Nsight traces.
+#include "streamalloc/backend/cuda_backend.hpp"
+
+#include <cuda_runtime_api.h>
+#include <nvtx3/nvToolsExt.h>
+
+#include <cstdint>
+#include <string>
+
+#include "streamalloc/util/errors.hpp"
+
+namespace streamalloc {
+namespace {
+
+status_code code_for(cudaError_t error) {
+  switch (error) {
+    case cudaErrorMemoryAllocation:
+      return status_code::out_of_memory;
+    case cudaErrorNoDevice:
+    case cudaErrorInvalidDevice:
+    case cudaErrorInsufficientDriver:
+    case cudaErrorStubLibrary:
+    case cudaErrorDevicesUnavailable:
+    case cudaErrorSystemDriverMismatch:
+    case cudaErrorCompatNotSupportedOnDevice:
+    case cudaErrorInitializationError:
+      return status_code::no_device;
+    case cudaErrorInvalidValue:
+    case cudaErrorInvalidResourceHandle:
+    case cudaErrorInvalidDevicePointer:
+      return status_code::invalid_argument;
+    default:
+      return status_code::device_error;
+  }
+}
+
+std::string describe(cudaError_t error) {
+  return std::string(cudaGetErrorName(error)) + ": " + cudaGetErrorString(error);
+}
+
+// Builds the status for a failed runtime call. The runtime also keeps the
+// error as the thread's "last error"; torch checks cudaGetLastError() after
+// its kernel launches, so a failure we already reported (an OOM the caching
+// allocator recovers from, say) must not resurface there. Sticky errors
+// (a faulted context) cannot be cleared and keep failing later calls.
+status failure(cudaError_t error, int device, const std::string& what) {
+  (void)cudaGetLastError();
+  return {code_for(error), what + " on CUDA device " + std::to_string(device) + " failed: " + describe(error)};
+}
+
+// Makes `device` current for one call and restores the caller's device, so
+// the backend never changes which device the rest of the thread works on.
+class device_guard {
+ public:
+  explicit device_guard(int device) {
+    int current = -1;
+    error_ = cudaGetDevice(&current);
+    if (error_ != cudaSuccess || current == device) return;
+    error_ = cudaSetDevice(device);
+    if (error_ == cudaSuccess) previous_ = current;
+  }
+  ~device_guard() {
+    if (previous_ >= 0 && cudaSetDevice(previous_) != cudaSuccess) (void)cudaGetLastError();
+  }
+  device_guard(const device_guard&) = delete;
+  device_guard& operator=(const device_guard&) = delete;
+
+  bool ok() const { return error_ == cudaSuccess; }
+  cudaError_t error() const { return error_; }
+
+ private:
+  cudaError_t error_ = cudaSuccess;
+  int previous_ = -1;
+};
+
+// NVTX names are registered once; without an attached tool every NVTX call
+// is a cheap no-op.
+struct trace_names {
+  nvtxDomainHandle_t domain;
+  nvtxStringHandle_t grow;
+  nvtxStringHandle_t release;
+  nvtxStringHandle_t synchronize;
+};
+
+const trace_names& names() {
+  static const trace_names registered = [] {
+    trace_names n{};
+    n.domain = nvtxDomainCreateA("streamalloc");
+    n.grow = nvtxDomainRegisterStringA(n.domain, "streamalloc::grow");
+    n.release = nvtxDomainRegisterStringA(n.domain, "streamalloc::release");
+    n.synchronize = nvtxDomainRegisterStringA(n.domain, "streamalloc::synchronize");
+    return n;
+  }();
+  return registered;
+}
+
+// One NVTX range for the lifetime of the object; the payload is the byte
+// count involved (0 where none applies).
+class trace_range {
+ public:
+  trace_range(nvtxStringHandle_t name, std::uint64_t bytes) {
+    nvtxEventAttributes_t attributes{};
+    attributes.version = NVTX_VERSION;
+    attributes.size = NVTX_EVENT_ATTRIB_STRUCT_SIZE;
+    attributes.messageType = NVTX_MESSAGE_TYPE_REGISTERED;
+    attributes.message.registered = name;
+    attributes.payloadType = NVTX_PAYLOAD_TYPE_UNSIGNED_INT64;
+    attributes.payload.ullValue = bytes;
+    nvtxDomainRangePushEx(names().domain, &attributes);
+  }
+  ~trace_range() { nvtxDomainRangePop(names().domain); }
+  trace_range(const trace_range&) = delete;
+  trace_range& operator=(const trace_range&) = delete;
+};
+
+cudaStream_t to_stream(stream_handle stream) { return reinterpret_cast<cudaStream_t>(stream); }
+cudaEvent_t to_event(event_handle event) { return reinterpret_cast<cudaEvent_t>(event); }
+
+}  // namespace
+
+status cuda_backend::allocate_segment(std::size_t bytes, void** out) {
+  if (out == nullptr || bytes == 0) return {status_code::invalid_argument, "allocate_segment needs bytes > 0 and an output"};
+  trace_range range(names().grow, bytes);
+  device_guard guard(device_);
+  if (!guard.ok()) return failure(guard.error(), device_, "cudaSetDevice");
+  void* ptr = nullptr;
+  const cudaError_t error = cudaMalloc(&ptr, bytes);
+  if (error != cudaSuccess) return failure(error, device_, "cudaMalloc(" + format_bytes(bytes) + ")");
+  *out = ptr;
+  return status::success();
+}
+
+status cuda_backend::free_segment(void* ptr, std::size_t bytes) {
+  if (ptr == nullptr) return {status_code::invalid_argument, "free_segment of a null pointer"};
+  trace_range range(names().release, bytes);
+  device_guard guard(device_);
+  if (!guard.ok()) return failure(guard.error(), device_, "cudaSetDevice");
+  const cudaError_t error = cudaFree(ptr);
+  if (error != cudaSuccess) return failure(error, device_, "cudaFree(" + format_bytes(bytes) + ")");
+  return status::success();
+}
+
+status cuda_backend::memory_info(device_memory_info* out) {
+  if (out == nullptr) return {status_code::invalid_argument, "memory_info needs an output"};
+  device_guard guard(device_);
+  if (!guard.ok()) return failure(guard.error(), device_, "cudaSetDevice");
+  std::size_t free_bytes = 0;
+  std::size_t total_bytes = 0;
+  const cudaError_t error = cudaMemGetInfo(&free_bytes, &total_bytes);
+  if (error != cudaSuccess) return failure(error, device_, "cudaMemGetInfo");
+  out->free_bytes = free_bytes;
+  out->total_bytes = total_bytes;
+  return status::success();
+}
+
+status cuda_backend::create_event(event_handle* out) {
+  if (out == nullptr) return {status_code::invalid_argument, "create_event needs an output"};
+  // Events belong to the device current at creation.
+  device_guard guard(device_);
+  if (!guard.ok()) return failure(guard.error(), device_, "cudaSetDevice");
+  cudaEvent_t event = nullptr;
+  const cudaError_t error = cudaEventCreateWithFlags(&event, cudaEventDisableTiming);
+  if (error != cudaSuccess) return failure(error, device_, "cudaEventCreateWithFlags");
+  *out = reinterpret_cast<event_handle>(event);
+  return status::success();
+}
+
+status cuda_backend::destroy_event(event_handle event) {
+  device_guard guard(device_);
+  if (!guard.ok()) return failure(guard.error(), device_, "cudaSetDevice");
+  const cudaError_t error = cudaEventDestroy(to_event(event));
+  if (error != cudaSuccess) return failure(error, device_, "cudaEventDestroy");
+  return status::success();
+}
+
+status cuda_backend::record_event(event_handle event, stream_handle stream) {
+  // Stream 0 means the default stream of the *current* device.
+  device_guard guard(device_);
+  if (!guard.ok()) return failure(guard.error(), device_, "cudaSetDevice");
+  const cudaError_t error = cudaEventRecord(to_event(event), to_stream(stream));
+  if (error != cudaSuccess) return failure(error, device_, "cudaEventRecord");
+  return status::success();
+}
+
+status cuda_backend::query_event(event_handle event, bool* done) {
+  if (done == nullptr) return {status_code::invalid_argument, "query_event needs an output"};
+  const cudaError_t error = cudaEventQuery(to_event(event));
+  if (error == cudaSuccess) {
+    *done = true;
+    return status::success();
+  }
+  if (error == cudaErrorNotReady) {
+    // Not a failure, but clear it so later cudaGetLastError() checks pass.
+    (void)cudaGetLastError();
+    *done = false;
+    return status::success();
+  }
+  return failure(error, device_, "cudaEventQuery");
+}
+
+status cuda_backend::synchronize_event(event_handle event) {
+  const cudaError_t error = cudaEventSynchronize(to_event(event));
+  if (error != cudaSuccess) return failure(error, device_, "cudaEventSynchronize");
+  return status::success();
+}
+
+status cuda_backend::stream_wait_event(stream_handle stream, event_handle event) {
+  device_guard guard(device_);
+  if (!guard.ok()) return failure(guard.error(), device_, "cudaSetDevice");
+  const cudaError_t error = cudaStreamWaitEvent(to_stream(stream), to_event(event), 0);
+  if (error != cudaSuccess) return failure(error, device_, "cudaStreamWaitEvent");
+  return status::success();
+}
+
+status cuda_backend::synchronize_device() {
+  trace_range range(names().synchronize, 0);
+  device_guard guard(device_);
+  if (!guard.ok()) return failure(guard.error(), device_, "cudaSetDevice");
+  const cudaError_t error = cudaDeviceSynchronize();
+  if (error != cudaSuccess) return failure(error, device_, "cudaDeviceSynchronize");
+  return status::success();
+}
+
+int cuda_device_count(status* error) {
+  int count = 0;
+  const cudaError_t result = cudaGetDeviceCount(&count);
+  if (result != cudaSuccess) {
+    (void)cudaGetLastError();
+    // Whatever the reason (no GPU, no driver, a stub driver), no device can be used.
+    if (error != nullptr) *error = {status_code::no_device, "no usable CUDA device: cudaGetDeviceCount failed: " + describe(result)};
+    return 0;
+  }
+  if (count <= 0) {
+    if (error != nullptr) *error = {status_code::no_device, "no usable CUDA device: cudaGetDeviceCount found 0 devices"};
+    return 0;
+  }
+  return count;
+}
+
+std::unique_ptr<device_backend> make_cuda_backend(int device, status* error) {
+  status count_error;
+  const int count = cuda_device_count(&count_error);
+  if (count == 0) {
+    if (error != nullptr) *error = count_error;
+    return nullptr;
+  }
+  if (device < 0 || device >= count) {
+    if (error != nullptr) {
+      *error = {status_code::no_device, "CUDA device " + std::to_string(device) + " does not exist (" +
+                                            std::to_string(count) + " visible)"};
+    }
+    return nullptr;
+  }
+  // Making the device current once creates its context, so a device that
+  // cannot be used is reported here rather than at the first allocation.
+  device_guard guard(device);
+  if (!guard.ok()) {
+    const status failed = failure(guard.error(), device, "cudaSetDevice");
+    if (error != nullptr) *error = failed;
+    return nullptr;
+  }
+  return std::unique_ptr<device_backend>(new cuda_backend(device));
+}
+
+}  // namespace streamalloc

@@ -1,0 +1,194 @@
+#!/usr/bin/env bash
+# The whole GPU verification, run on a machine with a CUDA GPU and torch (the
+# lent H200), never by CI: environment, CUDA+torch build, unit ctest, the
+# [gpu] Catch2 tests, pip install of the Python package, pytest, and the
+# GPU benchmarks when scripts/gpu-bench.sh exists. Every step is timed and
+# logged; a failed step does not stop the later ones; the exit status is
+# non-zero when any step failed.
+#
+#   scripts/gpu-check.sh [step...]     steps: env build unit gpu pip pytest bench
+#
+# Environment: PYTHON (default python3), JOBS (default 16), BUILD_DIR
+# (default <repo>/build-gpu), OUT (when set, the combined log and summary go
+# there; per-step logs always go to BUILD_DIR/logs).
+set -euo pipefail
+
+repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$repo_root"
+
+python_bin="${PYTHON:-python3}"
+jobs="${JOBS:-16}"
+build_dir="${BUILD_DIR:-$repo_root/build-gpu}"
+step_log_dir="$build_dir/logs"
+report_dir="${OUT:-$step_log_dir}"
+site_dir="$build_dir/pip-target"
+combined_log="$report_dir/gpu-check.log"
+summary_file="$report_dir/gpu-check-summary.txt"
+all_steps=(env build unit gpu pip pytest bench)
+
+mkdir -p "$step_log_dir" "$report_dir"
+: >"$combined_log"
+
+if [[ $# -gt 0 ]]; then
+  selected_steps=("$@")
+else
+  selected_steps=("${all_steps[@]}")
+fi
+for wanted in "${selected_steps[@]}"; do
+  case " ${all_steps[*]} " in
+    *" $wanted "*) ;;
+    *) echo "gpu-check: unknown step '$wanted' (steps: ${all_steps[*]})" >&2; exit 2 ;;
+  esac
+done
+
+step_names=()
+step_results=()
+step_seconds=()
+
+now_ns() { date +%s%N; }
+
+# Seconds with one decimal from two nanosecond stamps (integer arithmetic).
+elapsed() {
+  local ms=$(( ($2 - $1) / 1000000 ))
+  printf '%d.%d' $(( ms / 1000 )) $(( (ms % 1000) / 100 ))
+}
+
+is_selected() {
+  local wanted
+  for wanted in "${selected_steps[@]}"; do
+    [[ $wanted == "$1" ]] && return 0
+  done
+  return 1
+}
+
+record() {
+  step_names+=("$1")
+  step_results+=("$2")
+  step_seconds+=("$3")
+}
+
+# run_step NAME FUNCTION: runs FUNCTION in a subshell with -e and -x, its
+# output to the terminal, the step's own log and the combined log.
+run_step() {
+  local name=$1 fn=$2
+  if ! is_selected "$name"; then
+    record "$name" SKIP 0.0
+    return 0
+  fi
+  local log="$step_log_dir/$name.log"
+  echo "=== gpu-check step '$name' ($(date -u +%H:%M:%S) UTC)" | tee -a "$combined_log"
+  local start rc
+  start=$(now_ns)
+  set +e
+  ( set -ex; "$fn" ) 2>&1 | tee "$log" | tee -a "$combined_log"
+  rc=${PIPESTATUS[0]}
+  set -e
+  local seconds
+  seconds=$(elapsed "$start" "$(now_ns)")
+  if [[ $rc -eq 0 ]]; then
+    record "$name" PASS "$seconds"
+  else
+    record "$name" FAIL "$seconds"
+  fi
+  echo "=== gpu-check step '$name': $([[ $rc -eq 0 ]] && echo PASS || echo "FAIL (exit $rc)") in ${seconds}s" |
+    tee -a "$combined_log"
+}
+
+step_env() {
+  nvidia-smi
+  "$python_bin" - <<'PY'
+import torch
+print("torch", torch.__version__, "cuda", torch.version.cuda,
+      "cxx11 abi", torch.compiled_with_cxx11_abi())
+assert torch.cuda.is_available(), "torch does not see a GPU"
+for i in range(torch.cuda.device_count()):
+    print(f"device {i}: {torch.cuda.get_device_name(i)}")
+PY
+  cmake --version
+  ninja --version
+  if command -v nvcc >/dev/null; then nvcc --version; fi
+}
+
+step_build() {
+  local torch_prefix pybind11_dir
+  torch_prefix=$("$python_bin" -c 'import torch; print(torch.utils.cmake_prefix_path)')
+  pybind11_dir=$("$python_bin" -m pybind11 --cmakedir)
+  cmake -S "$repo_root" -B "$build_dir" -G Ninja \
+    -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DSTREAMALLOC_CUDA=ON \
+    -DSTREAMALLOC_TESTS=ON \
+    -DSTREAMALLOC_BENCH=ON \
+    -DSTREAMALLOC_TORCH=ON \
+    -DCMAKE_PREFIX_PATH="$torch_prefix" \
+    -Dpybind11_DIR="$pybind11_dir" \
+    -DPython_EXECUTABLE="$(command -v "$python_bin")"
+  ninja -C "$build_dir" -j"$jobs"
+}
+
+step_unit() {
+  ctest --test-dir "$build_dir" --output-on-failure --timeout 600 -E '^(unit_slow|gpu)$'
+}
+
+step_gpu() {
+  local log="$step_log_dir/gpu_tests.out"
+  "$build_dir/bin/gpu_tests" "[gpu]" --durations yes 2>&1 | tee "$log"
+  # On a GPU machine a skip for lack of a GPU means the tests proved nothing.
+  if grep -q "skipped: no GPU" "$log"; then
+    echo "gpu-check: [gpu] tests skipped for lack of a GPU on a GPU machine" >&2
+    return 1
+  fi
+}
+
+step_pip() {
+  test -f "$repo_root/pyproject.toml" || { echo "gpu-check: no pyproject.toml" >&2; return 1; }
+  rm -rf "$site_dir"
+  CMAKE_BUILD_PARALLEL_LEVEL="$jobs" "$python_bin" -m pip install -v --no-build-isolation --no-deps --no-index \
+    --target "$site_dir" \
+    --config-settings=build-dir="$build_dir/skbuild" \
+    --config-settings=cmake.define.STREAMALLOC_TESTS=OFF \
+    --config-settings=cmake.define.STREAMALLOC_BENCH=OFF \
+    "$repo_root"
+}
+
+step_pytest() {
+  local log="$step_log_dir/pytest.out"
+  test -d "$site_dir" || { echo "gpu-check: the pip step did not install the package" >&2; return 1; }
+  PYTHONPATH="$site_dir${PYTHONPATH:+:$PYTHONPATH}" "$python_bin" -m pytest "$repo_root/tests/python" -v -rs \
+    2>&1 | tee "$log"
+  # A run where everything skipped proves nothing on a GPU machine.
+  grep -Eq '[0-9]+ passed' "$log" || { echo "gpu-check: pytest passed no test" >&2; return 1; }
+}
+
+step_bench() {
+  BUILD_DIR="$build_dir" PYTHON="$python_bin" bash "$repo_root/scripts/gpu-bench.sh"
+}
+
+run_step env step_env
+run_step build step_build
+run_step unit step_unit
+run_step gpu step_gpu
+run_step pip step_pip
+run_step pytest step_pytest
+if [[ -f "$repo_root/scripts/gpu-bench.sh" ]]; then
+  run_step bench step_bench
+else
+  record bench SKIP 0.0
+fi
+
+passed=0
+failed=0
+for result in "${step_results[@]}"; do
+  case $result in
+    PASS) passed=$((passed + 1)) ;;
+    FAIL) failed=$((failed + 1)) ;;
+  esac
+done
+{
+  printf '%-8s %-6s %8s\n' STEP RESULT SECONDS
+  for i in "${!step_names[@]}"; do
+    printf '%-8s %-6s %8s\n' "${step_names[$i]}" "${step_results[$i]}" "${step_seconds[$i]}"
+  done
+  echo "gpu-check: $passed passed, $failed failed"
+} | tee "$summary_file" | tee -a "$combined_log"
+
+[[ $failed -eq 0 ]]

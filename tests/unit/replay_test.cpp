@@ -1,0 +1,366 @@
+// Tests for trace replay: the shipped ResNet-50 trace through the caching
+// allocator on the sim backend, replay's own error paths, and the
+// streamalloc-replay tool's output and exit codes.
+#include <sys/wait.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <stdexcept>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "streamalloc/backend/sim_backend.hpp"
+#include "streamalloc/core/caching_allocator.hpp"
+#include "streamalloc/core/config.hpp"
+#include "support/catch.hpp"
+#include "trace_reader.hpp"
+#include "trace_replay.hpp"
+
+namespace {
+
+using namespace streamalloc;
+namespace fs = std::filesystem;
+
+const std::string k_shared_trace = STREAMALLOC_SHARED_DIR "/traces/resnet50_train.trace.csv.gz";
+const std::string k_replay_bin = STREAMALLOC_REPLAY_BIN;
+constexpr std::size_t k_h200_bytes = 141'000'000'000;
+// Figures from shared/traces/README.md (measured on the H200 that recorded it).
+constexpr std::size_t k_resnet_peak_live_bytes = 3'192'592'912;
+constexpr std::size_t k_resnet_native_peak_reserved_bytes = 4'106'223'616;
+
+sim_config sim_device(std::size_t capacity_bytes) {
+  sim_config device;
+  device.capacity_bytes = capacity_bytes;
+  device.events_complete_immediately = true;
+  return device;
+}
+
+trace_event event(trace_action action, std::uint64_t addr, std::uint64_t size, std::uint64_t line,
+                  std::uint64_t stream = 0) {
+  trace_event e;
+  e.action = action;
+  e.addr = addr;
+  e.size = size;
+  e.stream = stream;
+  e.line = line;
+  return e;
+}
+
+// The peak of the sum of live sizes, by the trace's own alloc/free_completed
+// pairing and nothing else.
+std::size_t peak_live_bytes(const std::vector<trace_event>& events) {
+  std::unordered_map<std::uint64_t, std::uint64_t> live;
+  std::uint64_t current = 0;
+  std::uint64_t peak = 0;
+  for (const trace_event& e : events) {
+    if (e.action == trace_action::alloc) {
+      live[e.addr] = e.size;
+      current += e.size;
+      if (current > peak) peak = current;
+    } else if (e.action == trace_action::free_completed) {
+      current -= live.at(e.addr);
+      live.erase(e.addr);
+    }
+  }
+  return peak;
+}
+
+bool shared_trace_present() { return fs::exists(k_shared_trace); }
+
+// A scratch directory for small trace files, removed afterwards.
+class temp_dir {
+ public:
+  temp_dir() {
+    std::string pattern = (fs::temp_directory_path() / "streamalloc_replay_XXXXXX").string();
+    if (mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp failed for " + pattern);
+    path_ = pattern;
+  }
+  ~temp_dir() {
+    std::error_code ignored;
+    fs::remove_all(path_, ignored);
+  }
+  temp_dir(const temp_dir&) = delete;
+  temp_dir& operator=(const temp_dir&) = delete;
+
+  std::string write(const std::string& name, const std::string& content) const {
+    const std::string path = (path_ / name).string();
+    std::ofstream out(path, std::ios::binary);
+    out << content;
+    if (!out) throw std::runtime_error("cannot write " + path);
+    return path;
+  }
+
+ private:
+  fs::path path_;
+};
+
+struct command_result {
+  int exit_code = -1;
+  std::string output;  // stdout and stderr together
+};
+
+command_result run_replay(const std::string& arguments) {
+  const std::string command = "'" + k_replay_bin + "' " + arguments + " 2>&1";
+  command_result result;
+  FILE* pipe = popen(command.c_str(), "r");
+  if (pipe == nullptr) throw std::runtime_error("popen failed for " + command);
+  char chunk[4096];
+  std::size_t got = 0;
+  while ((got = std::fread(chunk, 1, sizeof chunk, pipe)) > 0) result.output.append(chunk, got);
+  const int status = pclose(pipe);
+  if (WIFEXITED(status)) result.exit_code = WEXITSTATUS(status);
+  return result;
+}
+
+bool replay_bin_present() { return fs::exists(k_replay_bin); }
+
+std::string quote(const std::string& path) { return "'" + path + "'"; }
+
+// The text after `"key": ` up to the next ',' or '}' (enough for numbers and
+// strings without commas).
+std::string json_value(const std::string& json, const std::string& key) {
+  const std::string marker = "\"" + key + "\": ";
+  const std::size_t at = json.find(marker);
+  if (at == std::string::npos) return "<missing>";
+  const std::size_t start = at + marker.size();
+  const std::size_t end = json.find_first_of(",}", start);
+  return json.substr(start, end - start);
+}
+
+const std::string k_small_trace =
+    "action,addr,size,stream\n"
+    "segment_alloc,4096,20971520,0\n"
+    "alloc,4096,1000000,0\n"
+    "alloc,1004096,3000000,7\n"
+    "free_requested,4096,1000000,0\n"
+    "free_completed,4096,1000000,0\n"
+    "oom,0,0,0\n"
+    "alloc,4096,2000000,0\n"
+    "free_completed,1004096,3000000,7\n";
+
+}  // namespace
+
+TEST_CASE("replaying the ResNet-50 trace matches its peak live bytes", "[replay]") {
+  if (!shared_trace_present()) {
+    WARN("skipped: shared trace not found at " << k_shared_trace);
+    return;
+  }
+  const std::vector<trace_event> events = load_trace(k_shared_trace);
+  const std::size_t expected_peak = peak_live_bytes(events);
+  CHECK(expected_peak == k_resnet_peak_live_bytes);
+
+  sim_backend backend(sim_device(k_h200_bytes));
+  caching_allocator allocator(backend, allocator_config{});
+  const replay_result result = replay_trace(events, allocator, k_shared_trace);
+
+  CHECK(result.events == events.size());
+  CHECK(result.allocs == 11947);
+  CHECK(result.frees == 11460);
+  CHECK(result.ops == result.allocs + result.frees);
+  CHECK(result.live_at_end == 487);
+  CHECK(result.trace_peak_live_bytes == expected_peak);
+  CHECK(result.peak_allocated_bytes == expected_peak);
+  CHECK(result.peak_allocated_bytes == k_resnet_peak_live_bytes);
+  CHECK(result.peak_reserved_bytes >= result.peak_allocated_bytes);
+  // No worse than PyTorch's native allocator on the same trace (README: ratio 1.286, which rounds 1.28617).
+  CHECK(result.frag_ratio >= 1.0);
+  CHECK(result.peak_reserved_bytes <= k_resnet_native_peak_reserved_bytes);
+  CHECK(result.frag_ratio <= result.native_frag_ratio);
+  CHECK(result.segments > 0);
+  CHECK(result.native_segments == 108);
+  CHECK(result.native_peak_reserved_bytes == k_resnet_native_peak_reserved_bytes);
+  const double native_ratio = static_cast<double>(k_resnet_native_peak_reserved_bytes) / k_resnet_peak_live_bytes;
+  CHECK(std::abs(result.native_frag_ratio - native_ratio) < 1e-12);
+  CHECK(result.ns_per_op > 0.0);
+
+  // Replay leaves nothing allocated, and the allocator's books still balance.
+  REQUIRE_NOTHROW(allocator.validate());
+  const device_stats after = allocator.stats();
+  CHECK(after.allocated_bytes[static_cast<int>(stat_type::all)].current == 0);
+  CHECK(after.requested_bytes[static_cast<int>(stat_type::all)].current == 0);
+}
+
+TEST_CASE("replay maps trace addresses to allocator pointers across streams", "[replay]") {
+  std::vector<trace_event> events = {
+      event(trace_action::segment_alloc, 4096, 20971520, 2),
+      event(trace_action::alloc, 4096, 1000000, 3),
+      event(trace_action::alloc, 1004096, 3000000, 4, 7),
+      event(trace_action::free_requested, 4096, 1000000, 5),
+      event(trace_action::free_completed, 4096, 1000000, 6),
+      event(trace_action::other, 0, 0, 7),
+      event(trace_action::alloc, 4096, 2000000, 8),  // the address is reused after its free
+      event(trace_action::alloc, 9999, 0, 9),        // size 0: nullptr, nothing to free
+      event(trace_action::free_completed, 9999, 0, 10),
+      event(trace_action::free_completed, 1004096, 3000000, 11, 7),
+  };
+  sim_backend backend(sim_device(1_GiB));
+  caching_allocator allocator(backend, allocator_config{});
+  const replay_result result = replay_trace(events, allocator, "synthetic");
+  CHECK(result.events == events.size());
+  CHECK(result.allocs == 4);
+  CHECK(result.frees == 2);
+  CHECK(result.ops == 6);
+  CHECK(result.live_at_end == 1);
+  CHECK(result.trace_peak_live_bytes == 5000000);
+  CHECK(result.peak_allocated_bytes == 5000000);
+  CHECK(result.peak_reserved_bytes >= 5000000);
+  CHECK(result.native_segments == 1);
+  CHECK(result.native_peak_reserved_bytes == 20971520);
+  REQUIRE_NOTHROW(allocator.validate());
+  CHECK(allocator.stats().allocated_bytes[static_cast<int>(stat_type::all)].current == 0);
+}
+
+TEST_CASE("replay rejects inconsistent traces before touching the allocator", "[replay]") {
+  sim_backend backend(sim_device(1_GiB));
+  caching_allocator allocator(backend, allocator_config{});
+
+  SECTION("alloc at a live address") {
+    const std::vector<trace_event> events = {
+        event(trace_action::alloc, 4096, 512, 2),
+        event(trace_action::alloc, 4096, 512, 3),
+    };
+    REQUIRE_THROWS_WITH(replay_trace(events, allocator, "t.csv"),
+                        "t.csv:3: alloc at address 4096, which is already live");
+  }
+  SECTION("free_completed of an unknown address") {
+    const std::vector<trace_event> events = {
+        event(trace_action::alloc, 4096, 512, 2),
+        event(trace_action::free_completed, 8192, 512, 5),
+    };
+    REQUIRE_THROWS_WITH(replay_trace(events, allocator, "t.csv"),
+                        "t.csv:5: free_completed of address 8192, which is not live");
+  }
+  SECTION("free_completed twice") {
+    const std::vector<trace_event> events = {
+        event(trace_action::alloc, 4096, 512, 2),
+        event(trace_action::free_completed, 4096, 512, 3),
+        event(trace_action::free_completed, 4096, 512, 4),
+    };
+    REQUIRE_THROWS_AS(replay_trace(events, allocator, "t.csv"), trace_error);
+  }
+  CHECK(allocator.stats().num_device_alloc == 0);
+  CHECK(allocator.stats().allocation[static_cast<int>(stat_type::all)].allocated == 0);
+}
+
+TEST_CASE("replay reports running out of memory with the trace line", "[replay]") {
+  sim_backend backend(sim_device(64_MiB));
+  caching_allocator allocator(backend, allocator_config{});
+  const std::vector<trace_event> events = {
+      event(trace_action::alloc, 4096, 1_MiB, 2),
+      event(trace_action::alloc, 1_GiB, 1_GiB, 3),
+  };
+  try {
+    replay_trace(events, allocator, "t.csv");
+    FAIL("replay of 1 GiB on a 64 MiB device did not throw");
+  } catch (const replay_out_of_memory& e) {
+    CHECK(e.line() == 3);
+    CHECK(e.context().requested_bytes == 1_GiB);
+    CHECK(std::string(e.what()).rfind("t.csv:3: out of memory replaying an alloc of 1073741824 bytes: ", 0) == 0);
+  }
+  // The allocation made before the failure was given back.
+  CHECK(allocator.stats().allocated_bytes[static_cast<int>(stat_type::all)].current == 0);
+  REQUIRE_NOTHROW(allocator.validate());
+}
+
+TEST_CASE("streamalloc-replay --json reports the ResNet-50 trace", "[replay][tool]") {
+  if (!replay_bin_present()) FAIL("streamalloc-replay not built at " << k_replay_bin);
+  if (!shared_trace_present()) {
+    WARN("skipped: shared trace not found at " << k_shared_trace);
+    return;
+  }
+  const command_result run = run_replay("--json " + quote(k_shared_trace));
+  INFO(run.output);
+  REQUIRE(run.exit_code == 0);
+  for (const char* key : {"trace", "backend", "capacity_bytes", "peak_allocated_bytes", "peak_reserved_bytes",
+                          "frag_ratio", "ops", "ns_per_op", "segments", "native_peak_reserved_bytes",
+                          "native_frag_ratio"}) {
+    INFO(key);
+    CHECK(json_value(run.output, key) != "<missing>");
+  }
+  CHECK(json_value(run.output, "peak_allocated_bytes") == std::to_string(k_resnet_peak_live_bytes));
+  CHECK(json_value(run.output, "native_peak_reserved_bytes") == std::to_string(k_resnet_native_peak_reserved_bytes));
+  CHECK(json_value(run.output, "ops") == "23407");
+  CHECK(json_value(run.output, "capacity_bytes") == "141000000000");
+  CHECK(json_value(run.output, "trace") == "\"" + k_shared_trace + "\"");
+  CHECK(json_value(run.output, "native_frag_ratio") == "1.286172");
+  CHECK(std::stoull(json_value(run.output, "peak_reserved_bytes")) <= k_resnet_native_peak_reserved_bytes);
+}
+
+TEST_CASE("streamalloc-replay options and exit codes", "[replay][tool]") {
+  if (!replay_bin_present()) FAIL("streamalloc-replay not built at " << k_replay_bin);
+  temp_dir dir;
+  const std::string trace = quote(dir.write("small.csv", k_small_trace));
+
+  SECTION("table output") {
+    const command_result run = run_replay(trace);
+    INFO(run.output);
+    CHECK(run.exit_code == 0);
+    CHECK(run.output.find("peak reserved") != std::string::npos);
+    CHECK(run.output.find("ns/op") != std::string::npos);
+  }
+  SECTION("capacity suffixes") {
+    const std::vector<std::pair<std::string, std::string>> cases = {
+        {"80GiB", "85899345920"}, {"141G", "141000000000"}, {"512M", "512000000"},
+        {"512mib", "536870912"},  {"3000000000", "3000000000"}, {"1TB", "1000000000000"},
+    };
+    for (const auto& [text, bytes] : cases) {
+      const command_result run = run_replay("--json --capacity " + text + " " + trace);
+      INFO(text << ": " << run.output);
+      CHECK(run.exit_code == 0);
+      CHECK(json_value(run.output, "capacity_bytes") == bytes);
+    }
+    const command_result equals_form = run_replay("--json --capacity=2G " + trace);
+    CHECK(json_value(equals_form.output, "capacity_bytes") == "2000000000");
+  }
+  SECTION("--conf applies allocator settings") {
+    const command_result run = run_replay("--json --conf max_split_size_mb:64 " + trace);
+    INFO(run.output);
+    CHECK(run.exit_code == 0);
+    CHECK(run.output.find("max_split_size_mb:64") != std::string::npos);
+  }
+  SECTION("usage errors exit 2") {
+    for (const std::string& arguments :
+         {std::string(""), "--bogus " + trace, "--capacity 12X " + trace, "--capacity 0 " + trace,
+          "--capacity " + trace, "--backend tpu " + trace, "--conf no_such_key:1 " + trace, trace + " " + trace,
+          "--json=yes " + trace}) {
+      const command_result run = run_replay(arguments);
+      INFO("arguments: " << arguments << "\n" << run.output);
+      CHECK(run.exit_code == 2);
+      CHECK(run.output.rfind("streamalloc-replay: ", 0) == 0);
+    }
+  }
+  SECTION("--backend cuda is refused clearly") {
+    const command_result run = run_replay("--backend cuda " + trace);
+    INFO(run.output);
+    CHECK(run.exit_code == 2);
+    CHECK(run.output.find("--backend cuda") != std::string::npos);
+  }
+  SECTION("trace errors exit 1 naming the line") {
+    const std::string bad = dir.write("bad.csv", "action,addr,size,stream\nalloc,1,2,0\nalloc,1,2\n");
+    const command_result run = run_replay(quote(bad));
+    INFO(run.output);
+    CHECK(run.exit_code == 1);
+    CHECK(run.output.find(bad + ":3: expected 4 columns") != std::string::npos);
+
+    const command_result missing = run_replay(quote(bad + ".missing"));
+    CHECK(missing.exit_code == 1);
+    CHECK(missing.output.find("cannot open") != std::string::npos);
+  }
+  SECTION("out of memory exits 1") {
+    const command_result run = run_replay("--capacity 500K " + trace);
+    INFO(run.output);
+    CHECK(run.exit_code == 1);
+    CHECK(run.output.find(":3: out of memory") != std::string::npos);
+  }
+  SECTION("--help") {
+    const command_result run = run_replay("--help");
+    CHECK(run.exit_code == 0);
+    CHECK(run.output.rfind("usage: streamalloc-replay", 0) == 0);
+  }
+}

@@ -1,0 +1,300 @@
+// Tests for the allocation-trace reader: every action, plain and gzip'd
+// files, and each class of malformed input reported with file and line.
+#include <zlib.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "support/catch.hpp"
+#include "trace_reader.hpp"
+
+namespace {
+
+using streamalloc::load_trace;
+using streamalloc::trace_action;
+using streamalloc::trace_error;
+using streamalloc::trace_event;
+using streamalloc::trace_reader;
+
+namespace fs = std::filesystem;
+
+// A fresh directory under the system temp dir, removed with its files.
+class temp_dir {
+ public:
+  temp_dir() {
+    std::string pattern = (fs::temp_directory_path() / "streamalloc_trace_XXXXXX").string();
+    if (mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp failed for " + pattern);
+    path_ = pattern;
+  }
+  ~temp_dir() {
+    std::error_code ignored;
+    fs::remove_all(path_, ignored);
+  }
+  temp_dir(const temp_dir&) = delete;
+  temp_dir& operator=(const temp_dir&) = delete;
+
+  std::string write_plain(const std::string& name, const std::string& content) const {
+    const std::string path = (path_ / name).string();
+    std::ofstream out(path, std::ios::binary);
+    out << content;
+    if (!out) throw std::runtime_error("cannot write " + path);
+    return path;
+  }
+  std::string write_gzip(const std::string& name, const std::string& content) const {
+    const std::string path = (path_ / name).string();
+    gzFile file = gzopen(path.c_str(), "wb");
+    if (file == nullptr) throw std::runtime_error("gzopen failed for " + path);
+    const int written = gzwrite(file, content.data(), static_cast<unsigned>(content.size()));
+    if (gzclose(file) != Z_OK || written != static_cast<int>(content.size())) {
+      throw std::runtime_error("gzwrite failed for " + path);
+    }
+    return path;
+  }
+  std::string read_bytes(const std::string& path) const {
+    std::ifstream in(path, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+
+ private:
+  fs::path path_;
+};
+
+const std::string k_header = "action,addr,size,stream\n";
+
+// Every event a reader returns, then the error it ended with ("" if none).
+struct read_outcome {
+  std::vector<trace_event> events;
+  std::string error;
+  std::uint64_t error_line = 0;
+};
+
+read_outcome read_until_error(const std::string& path) {
+  read_outcome outcome;
+  try {
+    trace_reader reader(path);
+    trace_event event;
+    while (reader.next(&event)) outcome.events.push_back(event);
+  } catch (const trace_error& e) {
+    outcome.error = e.what();
+    outcome.error_line = e.line();
+  }
+  return outcome;
+}
+
+// Many lines of plausible events, so the compressed file spans several
+// zlib input buffers and the reader's buffer is refilled.
+std::string many_lines(int count) {
+  std::string text = k_header;
+  for (int i = 0; i < count; ++i) {
+    const std::string addr = std::to_string(140000000000000ULL + 512ULL * static_cast<unsigned>(i));
+    text += "alloc," + addr + "," + std::to_string(1000 + i * 7) + ",0\n";
+    text += "free_completed," + addr + "," + std::to_string(1000 + i * 7) + ",0\n";
+  }
+  return text;
+}
+
+}  // namespace
+
+TEST_CASE("trace_reader reads every action, plain and gzip'd", "[trace_reader]") {
+  const std::string body =
+      "segment_alloc,140139680497664,2097152,0\n"
+      "alloc,140139680497664,37632,0\n"
+      "free_requested,140139680497664,37632,94000000000\n"
+      "free_completed,140139680497664,37632,0\n"
+      "segment_free,140139680497664,2097152,0\n"
+      "segment_map,18446744073709551615,18446744073709551615,18446744073709551615\n"
+      "segment_unmap,0,0,0\n"
+      "oom,1024,2048,0\n"
+      "snapshot,0,0,0";  // the last line has no newline
+  temp_dir dir;
+  const std::string plain = dir.write_plain("t.csv", k_header + body);
+  const std::string gzipped = dir.write_gzip("t.csv.gz", k_header + body);
+
+  for (const std::string& path : {plain, gzipped}) {
+    INFO(path);
+    const std::vector<trace_event> events = load_trace(path);
+    REQUIRE(events.size() == 9);
+    CHECK(events[0].action == trace_action::segment_alloc);
+    CHECK(events[0].addr == 140139680497664ULL);
+    CHECK(events[0].size == 2097152);
+    CHECK(events[0].line == 2);
+    CHECK(events[1].action == trace_action::alloc);
+    CHECK(events[1].size == 37632);
+    CHECK(events[2].action == trace_action::free_requested);
+    CHECK(events[2].stream == 94000000000ULL);
+    CHECK(events[3].action == trace_action::free_completed);
+    CHECK(events[4].action == trace_action::segment_free);
+    CHECK(events[5].action == trace_action::segment_map);
+    CHECK(events[5].addr == UINT64_MAX);
+    CHECK(events[5].size == UINT64_MAX);
+    CHECK(events[5].stream == UINT64_MAX);
+    CHECK(events[6].action == trace_action::segment_unmap);
+    CHECK(events[7].action == trace_action::other);
+    CHECK(events[7].addr == 1024);
+    CHECK(events[8].action == trace_action::other);
+    CHECK(events[8].line == 10);
+  }
+}
+
+TEST_CASE("trace_reader streams events one at a time", "[trace_reader]") {
+  temp_dir dir;
+  const std::string path = dir.write_gzip("many.csv.gz", many_lines(20000));
+  trace_reader reader(path);
+  CHECK(reader.path() == path);
+  trace_event event;
+  std::uint64_t count = 0;
+  std::uint64_t size_sum = 0;
+  std::uint64_t lines_out_of_place = 0;
+  while (reader.next(&event)) {
+    ++count;
+    if (event.line != count + 1) ++lines_out_of_place;
+    size_sum += event.size;
+  }
+  CHECK(count == 40000);
+  CHECK(lines_out_of_place == 0);
+  // sizes 1000 + 7i, each twice
+  CHECK(size_sum == 2 * (20000ULL * 1000 + 7ULL * (19999ULL * 20000 / 2)));
+  CHECK(!reader.next(&event));
+}
+
+TEST_CASE("trace_reader accepts CRLF line ends and a missing final newline", "[trace_reader]") {
+  temp_dir dir;
+  const std::string path = dir.write_plain("crlf.csv", "action,addr,size,stream\r\nalloc,1,2,3\r\nfree_completed,1,2,3");
+  const std::vector<trace_event> events = load_trace(path);
+  REQUIRE(events.size() == 2);
+  CHECK(events[0].stream == 3);
+  CHECK(events[1].action == trace_action::free_completed);
+  CHECK(events[1].stream == 3);
+}
+
+TEST_CASE("trace_reader names the file and line of each malformed line", "[trace_reader]") {
+  struct bad_line {
+    std::string text;
+    std::string reason;
+  };
+  const std::vector<bad_line> cases = {
+      {"alloc,1,2", "expected 4 columns (action,addr,size,stream), found 3"},
+      {"alloc,1,2,0,5", "expected 4 columns (action,addr,size,stream), found 5"},
+      {"alloc", "expected 4 columns (action,addr,size,stream), found 1"},
+      {"", "empty line"},
+      {",1,2,0", "empty action field"},
+      {"alloc,,2,0", "empty addr field"},
+      {"alloc,1,,0", "empty size field"},
+      {"alloc,1,2,", "empty stream field"},
+      {"alloc,1x,2,0", "addr '1x' is not an unsigned decimal number"},
+      {"alloc,1,-2,0", "size '-2' is not an unsigned decimal number"},
+      {"alloc,1,+2,0", "size '+2' is not an unsigned decimal number"},
+      {"alloc, 1,2,0", "addr ' 1' is not an unsigned decimal number"},
+      {"alloc,1,2.5,0", "size '2.5' is not an unsigned decimal number"},
+      {"alloc,1,2,0x10", "stream '0x10' is not an unsigned decimal number"},
+      {"alloc,18446744073709551616,2,0", "addr '18446744073709551616' is out of range"},
+      {"alloc,1,99999999999999999999999,0", "size '99999999999999999999999' is out of range"},
+  };
+  temp_dir dir;
+  int index = 0;
+  for (const bad_line& bad : cases) {
+    const std::string content = k_header + "alloc,7,512,0\n" + bad.text + "\nfree_completed,7,512,0\n";
+    const std::string name = "bad" + std::to_string(index++);
+    for (const std::string& path : {dir.write_plain(name + ".csv", content), dir.write_gzip(name + ".csv.gz", content)}) {
+      INFO("line: '" << bad.text << "' in " << path);
+      const read_outcome outcome = read_until_error(path);
+      CAPTURE(outcome.error);
+      CHECK(outcome.events.size() == 1);  // the good line before the bad one
+      CHECK(outcome.error_line == 3);
+      CHECK(outcome.error.rfind(path + ":3: ", 0) == 0);
+      CHECK(outcome.error.find(bad.reason) != std::string::npos);
+    }
+  }
+}
+
+TEST_CASE("trace_reader rejects a missing or wrong header on line 1", "[trace_reader]") {
+  temp_dir dir;
+  struct bad_header {
+    std::string content;
+    std::string reason;
+  };
+  const std::vector<bad_header> cases = {
+      {"", "empty trace: expected header 'action,addr,size,stream'"},
+      {"alloc,1,2,0\n", "expected header 'action,addr,size,stream', found 'alloc,1,2,0'"},
+      {"action,addr,size\nalloc,1,2\n", "found 'action,addr,size'"},
+      {"Action,Addr,Size,Stream\n", "found 'Action,Addr,Size,Stream'"},
+  };
+  int index = 0;
+  for (const bad_header& bad : cases) {
+    const std::string name = "header" + std::to_string(index++);
+    for (const std::string& path : {dir.write_plain(name + ".csv", bad.content), dir.write_gzip(name + ".gz", bad.content)}) {
+      INFO(path);
+      try {
+        trace_reader reader(path);
+        FAIL("no error for header case '" << bad.content << "'");
+      } catch (const trace_error& e) {
+        CHECK(e.line() == 1);
+        CHECK(e.path() == path);
+        CHECK(std::string(e.what()).rfind(path + ":1: ", 0) == 0);
+        CHECK(e.reason().find(bad.reason) != std::string::npos);
+      }
+    }
+  }
+}
+
+TEST_CASE("trace_reader reports a file that cannot be opened", "[trace_reader]") {
+  temp_dir dir;
+  const std::string path = dir.write_plain("exists.csv", k_header) + ".missing";
+  try {
+    load_trace(path);
+    FAIL("no error for a missing file");
+  } catch (const trace_error& e) {
+    CHECK(e.line() == 0);
+    CHECK(std::string(e.what()) == path + ": cannot open: No such file or directory");
+  }
+}
+
+TEST_CASE("trace_reader reports a truncated gzip stream at the line where it ends", "[trace_reader]") {
+  temp_dir dir;
+  const std::string whole = dir.write_gzip("whole.csv.gz", many_lines(20000));
+  const std::string bytes = dir.read_bytes(whole);
+  REQUIRE(bytes.size() > 1000);
+
+  SECTION("cut in the middle of the deflate data") {
+    const std::string cut = dir.write_plain("cut.csv.gz", bytes.substr(0, bytes.size() / 2));
+    const read_outcome outcome = read_until_error(cut);
+    CAPTURE(outcome.error);
+    CHECK(outcome.events.size() > 1000);
+    CHECK(outcome.events.size() < 40000);
+    // Every complete line before the cut was returned; the cut line is next.
+    CHECK(outcome.error_line == outcome.events.size() + 2);
+    CHECK(outcome.error.rfind(cut + ":" + std::to_string(outcome.error_line) + ": truncated gzip stream", 0) == 0);
+  }
+  SECTION("only the gzip trailer missing") {
+    const std::string cut = dir.write_plain("no_trailer.csv.gz", bytes.substr(0, bytes.size() - 8));
+    const read_outcome outcome = read_until_error(cut);
+    CAPTURE(outcome.error);
+    CHECK(outcome.events.size() == 40000);
+    CHECK(outcome.error_line == 40002);
+    CHECK(outcome.error.find("truncated gzip stream") != std::string::npos);
+  }
+  SECTION("a damaged checksum") {
+    std::string damaged = bytes;
+    damaged[damaged.size() - 8] = static_cast<char>(damaged[damaged.size() - 8] ^ 0x5a);
+    const read_outcome outcome = read_until_error(dir.write_plain("bad_crc.csv.gz", damaged));
+    CAPTURE(outcome.error);
+    CHECK(outcome.error.find("corrupt gzip stream") != std::string::npos);
+  }
+}
+
+TEST_CASE("trace_action names match the trace format", "[trace_reader]") {
+  CHECK(std::string(streamalloc::to_string(trace_action::alloc)) == "alloc");
+  CHECK(std::string(streamalloc::to_string(trace_action::free_requested)) == "free_requested");
+  CHECK(std::string(streamalloc::to_string(trace_action::free_completed)) == "free_completed");
+  CHECK(std::string(streamalloc::to_string(trace_action::segment_alloc)) == "segment_alloc");
+  CHECK(std::string(streamalloc::to_string(trace_action::segment_free)) == "segment_free");
+  CHECK(std::string(streamalloc::to_string(trace_action::segment_map)) == "segment_map");
+  CHECK(std::string(streamalloc::to_string(trace_action::segment_unmap)) == "segment_unmap");
+  CHECK(std::string(streamalloc::to_string(trace_action::other)) == "other");
+}

@@ -1,0 +1,94 @@
+// Reader for allocation traces (shared/traces/README.md): a CSV file, plain
+// or gzip'd, with header `action,addr,size,stream` and one event a line.
+// Events are pulled one at a time (trace_reader::next) or loaded at once.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+struct gzFile_s;  // zlib's handle type, kept out of this header
+
+namespace streamalloc {
+
+enum class trace_action : std::uint8_t {
+  alloc,
+  free_requested,
+  free_completed,
+  segment_alloc,
+  segment_free,
+  segment_map,
+  segment_unmap,
+  other,  // oom, snapshot and any action this reader does not interpret
+};
+
+// The spelling used in trace files ("other" for trace_action::other).
+const char* to_string(trace_action action);
+
+struct trace_event {
+  trace_action action = trace_action::other;
+  std::uint64_t addr = 0;
+  std::uint64_t size = 0;
+  std::uint64_t stream = 0;  // raw stream handle, 0 = default stream
+  std::uint64_t line = 0;    // 1-based line in the file (the header is line 1)
+};
+
+// A trace that cannot be read, or that is inconsistent. The message is
+// "<path>:<line>: <reason>" (just "<path>: <reason>" when no line applies).
+class trace_error : public std::runtime_error {
+ public:
+  trace_error(const std::string& path, std::uint64_t line, const std::string& reason);
+  const std::string& path() const noexcept { return path_; }
+  std::uint64_t line() const noexcept { return line_; }  // 0 when no line applies
+  const std::string& reason() const noexcept { return reason_; }
+
+ private:
+  std::string path_;
+  std::uint64_t line_;
+  std::string reason_;
+};
+
+class trace_reader {
+ public:
+  // Opens `path` (gzip or plain, told apart by the gzip magic bytes) and
+  // checks the header. Throws trace_error.
+  explicit trace_reader(const std::string& path);
+  ~trace_reader();
+  trace_reader(const trace_reader&) = delete;
+  trace_reader& operator=(const trace_reader&) = delete;
+
+  // Stores the next event in *out and returns true, or returns false at the
+  // end of the trace. Throws trace_error on a malformed line or a damaged
+  // file; events before the bad line have already been returned.
+  bool next(trace_event* out);
+
+  const std::string& path() const { return path_; }
+
+ private:
+  struct gz_closer {
+    void operator()(gzFile_s* file) const;
+  };
+
+  // Returns the next line without its terminator, or false at the end.
+  bool next_line(std::string_view* line);
+  void refill();
+  [[noreturn]] void fail(std::uint64_t line, const std::string& reason) const;
+
+  std::string path_;
+  std::unique_ptr<gzFile_s, gz_closer> file_;
+  std::vector<char> buffer_;
+  std::size_t begin_ = 0;  // unread bytes are buffer_[begin_, end_)
+  std::size_t end_ = 0;
+  bool at_eof_ = false;
+  std::string stream_error_;  // zlib's complaint once input ended early or was corrupt
+  std::uint64_t line_ = 0;    // lines consumed so far
+};
+
+// Reads every event of `path` into memory (see trace_reader for errors).
+std::vector<trace_event> load_trace(const std::string& path);
+
+}  // namespace streamalloc

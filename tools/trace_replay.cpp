@@ -1,0 +1,151 @@
+// Trace replay: one untimed pass checks the trace and computes its own
+// figures (peak live bytes, native reserved memory), then a timed pass makes
+// only the allocate/free calls and the address-map updates they need.
+#include "trace_replay.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <unordered_map>
+
+namespace streamalloc {
+namespace {
+
+struct trace_figures {
+  std::uint64_t allocs = 0;
+  std::uint64_t frees = 0;
+  std::uint64_t live_at_end = 0;
+  std::size_t peak_live_allocations = 0;
+  std::size_t peak_live_bytes = 0;
+  std::uint64_t native_segments = 0;
+  std::size_t native_peak_reserved_bytes = 0;
+};
+
+constexpr int k_all = static_cast<int>(stat_type::all);
+
+// Validates the alloc/free pairing so the timed pass can trust it.
+trace_figures examine_trace(const std::vector<trace_event>& events, const std::string& path) {
+  trace_figures figures;
+  std::unordered_map<std::uint64_t, std::uint64_t> live_sizes;  // trace address -> requested size
+  std::uint64_t live_bytes = 0;
+  // Signed: recording may start after segments were made, so frees can
+  // outnumber allocations early in a trace.
+  std::int64_t native_reserved = 0;
+  std::int64_t native_peak = 0;
+  for (const trace_event& e : events) {
+    switch (e.action) {
+      case trace_action::alloc: {
+        if (!live_sizes.emplace(e.addr, e.size).second) {
+          throw trace_error(path, e.line, "alloc at address " + std::to_string(e.addr) + ", which is already live");
+        }
+        ++figures.allocs;
+        live_bytes += e.size;
+        figures.peak_live_bytes = std::max<std::size_t>(figures.peak_live_bytes, live_bytes);
+        figures.peak_live_allocations = std::max(figures.peak_live_allocations, live_sizes.size());
+        break;
+      }
+      case trace_action::free_completed: {
+        const auto it = live_sizes.find(e.addr);
+        if (it == live_sizes.end()) {
+          throw trace_error(path, e.line, "free_completed of address " + std::to_string(e.addr) + ", which is not live");
+        }
+        if (it->second != 0) ++figures.frees;
+        live_bytes -= it->second;
+        live_sizes.erase(it);
+        break;
+      }
+      case trace_action::segment_alloc:
+      case trace_action::segment_map:
+        ++figures.native_segments;
+        native_reserved += static_cast<std::int64_t>(e.size);
+        native_peak = std::max(native_peak, native_reserved);
+        break;
+      case trace_action::segment_free:
+      case trace_action::segment_unmap:
+        native_reserved -= static_cast<std::int64_t>(e.size);
+        break;
+      case trace_action::free_requested:
+      case trace_action::other:
+        break;
+    }
+  }
+  figures.live_at_end = live_sizes.size();
+  figures.native_peak_reserved_bytes = static_cast<std::size_t>(native_peak);
+  return figures;
+}
+
+double ratio(std::size_t numerator, std::size_t denominator) {
+  return denominator == 0 ? 0.0 : static_cast<double>(numerator) / static_cast<double>(denominator);
+}
+
+void free_all(std::unordered_map<std::uint64_t, void*>& live, caching_allocator& allocator) {
+  for (const auto& entry : live) {
+    if (entry.second != nullptr) allocator.free(entry.second);
+  }
+  live.clear();
+}
+
+}  // namespace
+
+replay_out_of_memory::replay_out_of_memory(const std::string& path, std::uint64_t line, std::uint64_t bytes,
+                                           const out_of_memory& cause)
+    : std::runtime_error(path + ":" + std::to_string(line) + ": out of memory replaying an alloc of " +
+                         std::to_string(bytes) + " bytes: " + cause.what()),
+      context_(cause.context()),
+      line_(line) {}
+
+replay_result replay_trace(const std::vector<trace_event>& events, caching_allocator& allocator,
+                           const std::string& path) {
+  const trace_figures figures = examine_trace(events, path);
+
+  std::unordered_map<std::uint64_t, void*> live;  // trace address -> allocator pointer
+  live.reserve(figures.peak_live_allocations);
+  allocator.reset_peak_stats();
+  const std::int64_t device_allocs_before = allocator.stats().num_device_alloc;
+
+  const trace_event* current = nullptr;
+  std::chrono::steady_clock::duration elapsed{};
+  try {
+    const auto start = std::chrono::steady_clock::now();
+    for (const trace_event& e : events) {
+      current = &e;
+      if (e.action == trace_action::alloc) {
+        live.emplace(e.addr, allocator.allocate(e.size, static_cast<stream_handle>(e.stream)));
+      } else if (e.action == trace_action::free_completed) {
+        const auto it = live.find(e.addr);
+        void* ptr = it->second;
+        live.erase(it);
+        if (ptr != nullptr) allocator.free(ptr);
+      }
+    }
+    elapsed = std::chrono::steady_clock::now() - start;
+  } catch (const out_of_memory& oom) {
+    free_all(live, allocator);
+    throw replay_out_of_memory(path, current->line, current->size, oom);
+  } catch (...) {
+    free_all(live, allocator);
+    throw;
+  }
+
+  const device_stats stats = allocator.stats();
+  free_all(live, allocator);
+
+  replay_result result;
+  result.events = events.size();
+  result.allocs = figures.allocs;
+  result.frees = figures.frees;
+  result.ops = figures.allocs + figures.frees;
+  result.live_at_end = figures.live_at_end;
+  result.trace_peak_live_bytes = figures.peak_live_bytes;
+  result.peak_allocated_bytes = static_cast<std::size_t>(stats.requested_bytes[k_all].peak);
+  result.peak_reserved_bytes = static_cast<std::size_t>(stats.reserved_bytes[k_all].peak);
+  result.frag_ratio = ratio(result.peak_reserved_bytes, result.peak_allocated_bytes);
+  result.segments = stats.num_device_alloc - device_allocs_before;
+  result.total_ns = static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(elapsed).count());
+  result.ns_per_op = result.ops == 0 ? 0.0 : static_cast<double>(result.total_ns) / static_cast<double>(result.ops);
+  result.native_segments = figures.native_segments;
+  result.native_peak_reserved_bytes = figures.native_peak_reserved_bytes;
+  result.native_frag_ratio = ratio(figures.native_peak_reserved_bytes, figures.peak_live_bytes);
+  return result;
+}
+
+}  // namespace streamalloc
