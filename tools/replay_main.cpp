@@ -1,14 +1,24 @@
 // streamalloc-replay: replays a recorded PyTorch allocation trace through
-// streamalloc on a simulated device and prints its peak reserved memory and
-// call cost next to what PyTorch's native allocator reserved for that run.
+// streamalloc on a simulated device or a real GPU and prints its peak
+// reserved memory and call cost next to what PyTorch's native allocator
+// reserved for that run.
 #include <cctype>
+#include <cstdint>
 #include <cstdio>
 #include <exception>
+#include <fstream>
 #include <limits>
+#include <memory>
 #include <stdexcept>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
+#ifdef STREAMALLOC_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
+#include "streamalloc/backend/cuda_backend.hpp"
+#endif
 #include "streamalloc/backend/sim_backend.hpp"
 #include "streamalloc/core/caching_allocator.hpp"
 #include "streamalloc/core/config.hpp"
@@ -22,7 +32,7 @@ using namespace streamalloc;
 
 constexpr const char* k_program = "streamalloc-replay";
 constexpr std::size_t k_default_capacity_bytes = 141'000'000'000;  // an H200's 141 GB
-constexpr int k_exit_failure = 1;  // unreadable trace, inconsistent trace, out of memory
+constexpr int k_exit_failure = 1;  // unreadable or inconsistent trace, out of memory, no GPU
 constexpr int k_exit_usage = 2;
 
 // A bad command line; main prints it with a pointer to --help.
@@ -34,7 +44,9 @@ class usage_failure : public std::runtime_error {
 struct options {
   std::string backend = "sim";
   std::size_t capacity_bytes = k_default_capacity_bytes;
+  bool capacity_given = false;
   std::string conf;
+  std::string timeline;
   bool json = false;
   bool help = false;
   std::string trace;
@@ -51,10 +63,16 @@ void print_help() {
       "allocator recorded in the trace's segment events.\n"
       "\n"
       "options:\n"
-      "  --backend NAME    device to replay on: sim (default, a simulated device;\n"
-      "                    the only backend of this tool for now)\n"
+      "  --backend NAME    device to replay on: sim (default, a simulated device)\n"
+      "                    or cuda (CUDA device 0 through streamalloc's CUDA\n"
+      "                    backend; trace streams become created streams, 0 the\n"
+      "                    default stream)\n"
       "  --capacity BYTES  simulated device size, default 141G. Suffixes: K M G T\n"
-      "                    (powers of 1000, also KB MB GB TB), KiB MiB GiB TiB\n"
+      "                    (powers of 1000, also KB MB GB TB), KiB MiB GiB TiB.\n"
+      "                    Ignored with --backend cuda\n"
+      "  --timeline FILE   after the timed replay, replay again on a fresh allocator\n"
+      "                    and write CSV `op,allocated_bytes,reserved_bytes` after\n"
+      "                    every allocate/free (for scripts/plot_replay.py)\n"
       "  --conf TEXT       allocator settings \"key:value,...\" applied on top of\n"
       "                    the STREAMALLOC_CONF environment variable\n"
       "  --json            print one JSON object instead of a table\n"
@@ -67,8 +85,8 @@ void print_help() {
   }
   std::printf(
       "\n"
-      "exit status: 0 success, 1 unreadable or inconsistent trace or out of memory,\n"
-      "2 bad command line or settings.\n");
+      "exit status: 0 success, 1 unreadable or inconsistent trace, out of memory or\n"
+      "no usable GPU (--backend cuda), 2 bad command line or settings.\n");
 }
 
 std::size_t parse_capacity(const std::string& text) {
@@ -148,6 +166,10 @@ options parse_options(int argc, char** argv) {
       opts.backend = take_value();
     } else if (arg == "--capacity") {
       opts.capacity_bytes = parse_capacity(take_value());
+      opts.capacity_given = true;
+    } else if (arg == "--timeline") {
+      opts.timeline = take_value();
+      if (opts.timeline.empty()) throw usage_failure("--timeline needs a file name");
     } else if (arg == "--conf") {
       opts.conf = take_value();
     } else if (arg.size() > 1 && arg[0] == '-') {
@@ -161,14 +183,16 @@ options parse_options(int argc, char** argv) {
   }
   if (opts.help) return opts;
   if (!trace_given) throw usage_failure("no trace given");
-  if (opts.backend == "cuda") {
 #ifdef STREAMALLOC_HAVE_CUDA
-    throw usage_failure("--backend cuda: replay on a GPU is not available in this version of the tool; use --backend sim");
+  if (opts.backend != "sim" && opts.backend != "cuda") {
+    throw usage_failure("unknown backend '" + opts.backend + "' (available: sim, cuda)");
+  }
 #else
+  if (opts.backend == "cuda") {
     throw usage_failure("--backend cuda: cuda backend not built / not available (built without the CUDA toolkit); use --backend sim");
-#endif
   }
   if (opts.backend != "sim") throw usage_failure("unknown backend '" + opts.backend + "' (available: sim)");
+#endif
   return opts;
 }
 
@@ -245,6 +269,118 @@ void print_table(const options& opts, const allocator_config& config, const repl
               static_cast<double>(r.total_ns) / 1e6, r.ns_per_op);
 }
 
+#ifdef STREAMALLOC_HAVE_CUDA
+// Trace streams on the GPU: every nonzero stream handle of the trace becomes
+// a stream created here (0 stays the default stream), so pools and events
+// are keyed on real streams as they were in the recorded program.
+class cuda_trace_streams {
+ public:
+  explicit cuda_trace_streams(std::vector<trace_event>& events) {
+    for (trace_event& e : events) {
+      if (e.stream == 0) continue;
+      auto it = streams_.find(e.stream);
+      if (it == streams_.end()) {
+        cudaStream_t stream = nullptr;
+        const cudaError_t error = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+        if (error != cudaSuccess) {
+          throw std::runtime_error(std::string("cudaStreamCreateWithFlags failed: ") + cudaGetErrorName(error) + ": " +
+                                   cudaGetErrorString(error));
+        }
+        it = streams_.emplace(e.stream, stream).first;
+      }
+      e.stream = reinterpret_cast<std::uintptr_t>(it->second);
+    }
+  }
+  ~cuda_trace_streams() {
+    (void)cudaDeviceSynchronize();
+    for (const auto& entry : streams_) (void)cudaStreamDestroy(entry.second);
+  }
+  cuda_trace_streams(const cuda_trace_streams&) = delete;
+  cuda_trace_streams& operator=(const cuda_trace_streams&) = delete;
+
+ private:
+  std::unordered_map<std::uint64_t, cudaStream_t> streams_;
+};
+#endif
+
+// The device a replay runs on and what must outlive its allocators.
+struct replay_device {
+  std::unique_ptr<device_backend> backend;
+#ifdef STREAMALLOC_HAVE_CUDA
+  std::unique_ptr<cuda_trace_streams> streams;  // destroyed before the backend
+#endif
+};
+
+// Opens the device of --backend. On a GPU the trace's streams are remapped
+// to created streams and opts->capacity_bytes becomes the GPU's memory size.
+replay_device open_device(options* opts, std::vector<trace_event>& events) {
+  replay_device device;
+  if (opts->backend == "sim") {
+    sim_config sim;
+    sim.capacity_bytes = opts->capacity_bytes;
+    sim.events_complete_immediately = true;
+    device.backend = std::make_unique<sim_backend>(sim);
+    return device;
+  }
+#ifdef STREAMALLOC_HAVE_CUDA
+  status error;
+  device.backend = make_cuda_backend(0, &error);
+  if (device.backend == nullptr) throw device_failure("--backend cuda: " + error.message());
+  if (opts->capacity_given) std::fprintf(stderr, "%s: --capacity is ignored with --backend cuda\n", k_program);
+  device_memory_info info;
+  const status st = device.backend->memory_info(&info);
+  if (!st) throw device_failure("--backend cuda: " + st.message());
+  opts->capacity_bytes = info.total_bytes;
+  device.streams = std::make_unique<cuda_trace_streams>(events);
+#else
+  (void)events;
+#endif
+  return device;
+}
+
+// Replays `events` again, untimed, on a fresh allocator and writes the
+// allocated (live requested) and reserved bytes after every allocate and
+// free, numbered as the alloc/free_completed events of the trace.
+void write_timeline(const std::vector<trace_event>& events, caching_allocator& allocator, const std::string& path) {
+  std::ofstream out(path);
+  if (!out) throw std::runtime_error("cannot write the timeline to " + path);
+  out << "op,allocated_bytes,reserved_bytes\n";
+  constexpr int k_all = static_cast<int>(stat_type::all);
+  std::unordered_map<std::uint64_t, void*> live;  // trace address -> allocator pointer
+  std::uint64_t op = 0;
+  const auto record = [&] {
+    const device_stats stats = allocator.stats();
+    out << op++ << ',' << stats.requested_bytes[k_all].current << ',' << stats.reserved_bytes[k_all].current << '\n';
+  };
+  const auto free_all = [&] {
+    for (const auto& entry : live) {
+      if (entry.second != nullptr) allocator.free(entry.second);
+    }
+    live.clear();
+  };
+  try {
+    for (const trace_event& e : events) {
+      if (e.action == trace_action::alloc) {
+        live.emplace(e.addr, allocator.allocate(e.size, static_cast<stream_handle>(e.stream)));
+        record();
+      } else if (e.action == trace_action::free_completed) {
+        // replay_trace has already checked that every free is of a live address.
+        const auto it = live.find(e.addr);
+        void* ptr = it->second;
+        live.erase(it);
+        if (ptr != nullptr) allocator.free(ptr);
+        record();
+      }
+    }
+  } catch (...) {
+    free_all();
+    throw;
+  }
+  free_all();
+  out.flush();
+  if (!out) throw std::runtime_error("error writing the timeline to " + path);
+}
+
 int fail(int code, const std::string& message) {
   std::fprintf(stderr, "%s: %s\n", k_program, message.c_str());
   return code;
@@ -283,17 +419,21 @@ int main(int argc, char** argv) {
   }
 
   try {
-    const std::vector<trace_event> events = load_trace(opts.trace);
-    sim_config device;
-    device.capacity_bytes = opts.capacity_bytes;
-    device.events_complete_immediately = true;
-    sim_backend backend(device);
-    caching_allocator allocator(backend, config);
-    const replay_result result = replay_trace(events, allocator, opts.trace);
+    std::vector<trace_event> events = load_trace(opts.trace);
+    const replay_device device = open_device(&opts, events);
+    replay_result result;
+    {
+      caching_allocator allocator(*device.backend, config);
+      result = replay_trace(events, allocator, opts.trace);
+    }
     if (opts.json) {
       print_json(opts, config, result);
     } else {
       print_table(opts, config, result);
+    }
+    if (!opts.timeline.empty()) {
+      caching_allocator fresh(*device.backend, config);
+      write_timeline(events, fresh, opts.timeline);
     }
   } catch (const trace_error& e) {
     return fail(k_exit_failure, e.what());

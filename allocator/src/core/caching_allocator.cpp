@@ -46,6 +46,7 @@ const char* to_string(block_state state) {
 
 caching_allocator::caching_allocator(device_backend& backend, allocator_config config)
     : backend_(backend), config_(std::move(config)), policy_(config_), events_(backend) {
+  config_.validate();
   device_memory_info info;
   const status st = backend_.memory_info(&info);
   if (!st) {

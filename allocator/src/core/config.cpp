@@ -315,6 +315,13 @@ allocator_config allocator_config::with(const std::string& text) const {
   return result;
 }
 
+void allocator_config::validate() const {
+  // Re-applying every key through its parser checks each field's range and
+  // the cross-key rules for configs built in code, without a second copy of
+  // the rules.
+  (void)allocator_config{}.with(to_string());
+}
+
 const std::vector<allocator_config::key_doc>& allocator_config::keys() {
   static const std::vector<key_doc> docs = [] {
     std::vector<key_doc> result;

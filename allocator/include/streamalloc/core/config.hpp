@@ -47,6 +47,10 @@ struct allocator_config {
   // Applies `key:value` pairs on top of this config (same rules as parse).
   allocator_config with(const std::string& text) const;
 
+  // Throws config_error if a field is out of range or fields disagree
+  // (for configs built in code; parse() and with() already check).
+  void validate() const;
+
   // The valid keys with a one-line description each (README and errors).
   struct key_doc {
     const char* key;

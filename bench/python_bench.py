@@ -1,0 +1,342 @@
+#!/usr/bin/env python3
+"""Python-level allocator benchmark: `torch.empty(n, device="cuda")` + `del`
+per pair, and one training step of GPT-2 small (plain torch, bf16 autocast,
+AdamW) and of torchvision's ResNet-50 (random init, bf16 autocast, SGD),
+each under four allocators, every one in its own process:
+
+  native       torch's default caching allocator
+  expandable   PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+  cuda_async   PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync
+  streamalloc  `import streamalloc; streamalloc.install()` before any CUDA
+               allocation (the package must be importable: PYTHONPATH)
+
+    python bench/python_bench.py [--json FILE] [--modes native,streamalloc]
+
+The driver runs this same script once per mode (--worker MODE), prints
+markdown tables (medians over repetitions, [p10, p90]) and writes JSON.
+"""
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+MODES = ["native", "expandable", "cuda_async", "streamalloc"]
+MODE_CONF = {"expandable": "expandable_segments:True", "cuda_async": "backend:cudaMallocAsync"}
+# (label, float32 elements)
+EMPTY_SIZES = [("256 B", 64), ("64 KiB", 16 << 10), ("4 MiB", 1 << 20), ("64 MiB", 16 << 20)]
+
+
+def summarize(values):
+    ordered = sorted(values)
+    n = len(ordered)
+    if n == 0:
+        return None
+
+    def rank(fraction):  # nearest rank
+        return ordered[min(n, max(1, math.ceil(fraction * n))) - 1]
+
+    median = ordered[n // 2] if n % 2 else (ordered[n // 2 - 1] + ordered[n // 2]) / 2
+    return {"median": median, "p10": rank(0.10), "p90": rank(0.90), "min": ordered[0], "max": ordered[-1], "n": n}
+
+
+# ---------------------------------------------------------------- worker
+
+
+def log(message):
+    print(f"python_bench[{os.getpid()}]: {message}", file=sys.stderr, flush=True)
+
+
+def memory_peaks(torch):
+    """Peak allocated/reserved bytes, or None where the allocator in use
+    does not report them."""
+    try:
+        return {"peak_allocated": torch.cuda.max_memory_allocated(), "peak_reserved": torch.cuda.max_memory_reserved()}
+    except RuntimeError as error:
+        return {"error": str(error).splitlines()[0]}
+
+
+def reset_memory(torch):
+    import gc
+
+    gc.collect()
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    try:
+        torch.cuda.reset_peak_memory_stats()
+    except RuntimeError:
+        pass
+
+
+def bench_empty_del(torch, reps, warmup, iterations):
+    results = {}
+    for label, numel in EMPTY_SIZES:
+        per_pair = []
+        for rep in range(warmup + reps):
+            start = time.perf_counter_ns()
+            for _ in range(iterations):
+                x = torch.empty(numel, device="cuda")
+                del x
+            elapsed = time.perf_counter_ns() - start
+            torch.cuda.synchronize()
+            if rep >= warmup:
+                per_pair.append(elapsed / iterations)
+        results[label] = {"ns_per_pair": summarize(per_pair), "iterations": iterations, "reps": reps}
+        log(f"empty+del {label}: median {results[label]['ns_per_pair']['median']:.0f} ns")
+    return results
+
+
+def time_steps(torch, step, warmup, steps):
+    """Runs `step` warmup + steps times; returns per-step milliseconds of the
+    timed ones (each step synchronized, so the time is the step's GPU time)."""
+    times = []
+    for i in range(warmup + steps):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        step()
+        torch.cuda.synchronize()
+        if i >= warmup:
+            times.append((time.perf_counter() - start) * 1e3)
+    return times
+
+
+def bench_gpt2(torch, warmup, steps, batch, length):
+    sys.path.insert(0, os.path.join(HERE, "workloads"))
+    from gpt2_model import make_training, training_step
+
+    model, optimizer = make_training(seed=0)
+    tokens = torch.randint(0, model.config.vocab_size, (batch, length + 1), device="cuda")
+    idx, targets = tokens[:, :-1], tokens[:, 1:]
+    times = time_steps(torch, lambda: training_step(model, optimizer, idx, targets), warmup, steps)
+    result = {"ms_per_step": summarize(times), "batch": batch, "seq_len": length, "steps": steps, **memory_peaks(torch)}
+    del model, optimizer, tokens, idx, targets
+    return result
+
+
+def bench_resnet50(torch, warmup, steps, batch):
+    import torchvision
+
+    torch.manual_seed(0)
+    model = torchvision.models.resnet50(weights=None).cuda()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    images = torch.randn(batch, 3, 224, 224, device="cuda")
+    labels = torch.randint(0, 1000, (batch,), device="cuda")
+
+    def step():
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = torch.nn.functional.cross_entropy(model(images), labels)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    times = time_steps(torch, step, warmup, steps)
+    result = {"ms_per_step": summarize(times), "batch": batch, "steps": steps, **memory_peaks(torch)}
+    del model, optimizer, images, labels
+    return result
+
+
+def worker(mode, out_path, args):
+    if mode == "streamalloc":
+        # Before torch makes any CUDA allocation.
+        import streamalloc
+
+        streamalloc.install()
+        if not streamalloc.is_installed():
+            raise SystemExit("python_bench: streamalloc.install() returned but streamalloc is not installed")
+    import torch
+
+    if not torch.cuda.is_available():
+        raise SystemExit("python_bench: torch sees no CUDA device")
+    torch.empty(1, device="cuda")  # CUDA context and allocator set up outside any timing
+    backend = torch.cuda.get_allocator_backend()
+    expected = {"native": "native", "expandable": "native", "cuda_async": "cudaMallocAsync"}.get(mode)
+    if expected is not None and backend != expected:
+        raise SystemExit(f"python_bench: mode {mode} expects torch allocator backend '{expected}', got '{backend}'")
+    result = {
+        "mode": mode,
+        "torch": torch.__version__,
+        "device": torch.cuda.get_device_name(0),
+        "allocator_backend": backend,
+        "PYTORCH_CUDA_ALLOC_CONF": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
+    }
+    log(f"mode {mode}: torch {torch.__version__}, allocator backend {backend}")
+    result["empty_del"] = bench_empty_del(torch, args.reps, args.warmup, args.iterations)
+    reset_memory(torch)
+    result["gpt2_train_step"] = bench_gpt2(torch, args.step_warmup, args.steps, args.gpt2_batch, args.gpt2_seq_len)
+    log(f"gpt2 step: median {result['gpt2_train_step']['ms_per_step']['median']:.2f} ms")
+    reset_memory(torch)
+    result["resnet50_train_step"] = bench_resnet50(torch, args.step_warmup, args.steps, args.resnet_batch)
+    log(f"resnet50 step: median {result['resnet50_train_step']['ms_per_step']['median']:.2f} ms")
+    with open(out_path, "w") as f:
+        json.dump(result, f, indent=1)
+
+
+# ---------------------------------------------------------------- driver
+
+
+def worker_env(mode):
+    env = dict(os.environ)
+    # Each mode states its whole allocator configuration.
+    env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
+    env.pop("PYTORCH_ALLOC_CONF", None)
+    if mode in MODE_CONF:
+        env["PYTORCH_CUDA_ALLOC_CONF"] = MODE_CONF[mode]
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def run_workers(args, passthrough):
+    results = {}
+    for mode in args.modes:
+        with tempfile.TemporaryDirectory() as tmp:
+            out_path = os.path.join(tmp, "result.json")
+            command = [sys.executable, os.path.abspath(__file__), "--worker", mode, "--out", out_path, *passthrough]
+            log(f"running mode {mode}")
+            start = time.perf_counter()
+            try:
+                proc = subprocess.run(command, env=worker_env(mode), stdout=sys.stderr, timeout=args.timeout)
+                status = proc.returncode
+            except subprocess.TimeoutExpired:
+                status = f"timed out after {args.timeout} s"
+            if status == 0 and os.path.exists(out_path):
+                with open(out_path) as f:
+                    results[mode] = json.load(f)
+            else:
+                results[mode] = {"mode": mode, "error": f"worker failed (exit status {status})"}
+            results[mode]["wall_s"] = round(time.perf_counter() - start, 1)
+    return results
+
+
+def fmt_ns(summary):
+    if summary is None:
+        return "-"
+    us = [summary[k] / 1e3 for k in ("median", "p10", "p90")]
+    return f"{us[0]:.2f} us [{us[1]:.2f}, {us[2]:.2f}]"
+
+
+def fmt_ms(summary):
+    if summary is None:
+        return "-"
+    return f"{summary['median']:.2f} ms [{summary['p10']:.2f}, {summary['p90']:.2f}]"
+
+
+def fmt_gib(value):
+    return "-" if value is None else f"{value / 2**30:.2f}"
+
+
+def print_tables(results, modes):
+    ok = {m: r for m, r in results.items() if "error" not in r}
+    first = next(iter(ok.values()), {})
+    print(f"## Python-level benchmark (bench/python_bench.py) on {first.get('device', '?')}, torch {first.get('torch', '?')}")
+    print()
+    print("Each column is its own process: " + "; ".join(
+        f"{m}: " + (f"PYTORCH_CUDA_ALLOC_CONF={MODE_CONF[m]}" if m in MODE_CONF else
+                    "streamalloc.install()" if m == "streamalloc" else "torch defaults") for m in modes))
+    for mode in modes:
+        if "error" in results[mode]:
+            print(f"- {mode}: {results[mode]['error']}")
+    compare = "native" in ok and "streamalloc" in ok
+
+    def header(first_column, comparison):
+        extra = f" {comparison} |" if compare else ""
+        return f"| {first_column} | " + " | ".join(modes) + " |" + extra + "\n|---|" + "---|" * (len(modes) + int(compare))
+
+    print()
+    print("### torch.empty(n, device=\"cuda\") + del, median time per pair [p10, p90]")
+    print()
+    print(header("size", "streamalloc speed-up vs native"))
+    for label, _ in EMPTY_SIZES:
+        cells = [fmt_ns(ok[m]["empty_del"][label]["ns_per_pair"]) if m in ok else "failed" for m in modes]
+        row = f"| {label} | " + " | ".join(cells) + " |"
+        if compare:
+            native = ok["native"]["empty_del"][label]["ns_per_pair"]["median"]
+            ours = ok["streamalloc"]["empty_del"][label]["ns_per_pair"]["median"]
+            row += f" {native / ours:.2f}x |"
+        print(row)
+
+    workloads = [("gpt2_train_step", "GPT-2 small step"), ("resnet50_train_step", "ResNet-50 step")]
+    print()
+    print("### One training step (bf16 autocast), median [p10, p90]")
+    print()
+    print(header("workload", "streamalloc step time vs native"))
+    for key, name in workloads:
+        detail = ""
+        if key in first:
+            w = first[key]
+            detail = f" (batch {w['batch']}" + (f", seq {w['seq_len']}" if "seq_len" in w else "") + f", {w['steps']} steps)"
+        cells = [fmt_ms(ok[m][key]["ms_per_step"]) if m in ok else "failed" for m in modes]
+        row = f"| {name}{detail} | " + " | ".join(cells) + " |"
+        if compare:
+            native = ok["native"][key]["ms_per_step"]["median"]
+            ours = ok["streamalloc"][key]["ms_per_step"]["median"]
+            row += f" {(ours / native - 1) * 100:+.2f}% time |"
+        print(row)
+
+    print()
+    print("### Peak memory of the training steps, GiB reserved / allocated")
+    print()
+    print("| workload | " + " | ".join(modes) + " |")
+    print("|---|" + "---|" * len(modes))
+    for key, name in workloads:
+        cells = []
+        for m in modes:
+            w = ok.get(m, {}).get(key)
+            if w is None:
+                cells.append("failed")
+            elif "error" in w:
+                cells.append("not reported")
+            else:
+                cells.append(f"{fmt_gib(w['peak_reserved'])} / {fmt_gib(w['peak_allocated'])}")
+        print(f"| {name} | " + " | ".join(cells) + " |")
+    sys.stdout.flush()
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--modes", default=",".join(MODES), help="comma-separated, from: " + ", ".join(MODES))
+    parser.add_argument("--json", help="write all results to this file")
+    parser.add_argument("--timeout", type=int, default=240, help="seconds per worker process (default 240)")
+    parser.add_argument("--quick", action="store_true", help="few repetitions: checks the script, not the numbers")
+    parser.add_argument("--worker", choices=MODES, help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
+    counts = parser.add_argument_group("counts")
+    counts.add_argument("--reps", type=int, default=15, help="timed repetitions of empty+del (default 15)")
+    counts.add_argument("--warmup", type=int, default=2, help="untimed repetitions first (default 2)")
+    counts.add_argument("--iterations", type=int, default=10000, help="pairs per repetition (default 10000)")
+    counts.add_argument("--steps", type=int, default=20, help="timed training steps (default 20)")
+    counts.add_argument("--step-warmup", type=int, default=5, help="untimed training steps first (default 5)")
+    counts.add_argument("--gpt2-batch", type=int, default=8)
+    counts.add_argument("--gpt2-seq-len", type=int, default=1024)
+    counts.add_argument("--resnet-batch", type=int, default=64)
+    args = parser.parse_args()
+    if args.quick:
+        args.reps, args.warmup, args.iterations, args.steps, args.step_warmup = 3, 1, 500, 3, 1
+
+    if args.worker:
+        worker(args.worker, args.out, args)
+        return 0
+
+    args.modes = args.modes.split(",")
+    unknown = [m for m in args.modes if m not in MODES]
+    if unknown:
+        parser.error(f"unknown mode(s) {', '.join(unknown)}; known: {', '.join(MODES)}")
+    passthrough = [
+        f"--reps={args.reps}", f"--warmup={args.warmup}", f"--iterations={args.iterations}",
+        f"--steps={args.steps}", f"--step-warmup={args.step_warmup}", f"--gpt2-batch={args.gpt2_batch}",
+        f"--gpt2-seq-len={args.gpt2_seq_len}", f"--resnet-batch={args.resnet_batch}",
+    ]
+    results = run_workers(args, passthrough)
+    print_tables(results, args.modes)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"tool": "python_bench", "modes": args.modes, "results": results}, f, indent=1)
+    return 0 if all("error" not in r for r in results.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

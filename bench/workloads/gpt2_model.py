@@ -1,0 +1,119 @@
+"""A GPT-2-small-shaped transformer in plain torch, shared by the benchmark
+workloads (training with random sequence lengths, generation with growing
+KV caches) and bench/python_bench.py. Random init: the numbers measured are
+memory and time, not quality.
+"""
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass
+class gpt2_config:
+    vocab_size: int = 50257
+    n_ctx: int = 1024
+    n_embd: int = 768
+    n_layer: int = 12
+    n_head: int = 12
+
+
+class causal_self_attention(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.n_head = config.n_head
+        self.qkv = nn.Linear(config.n_embd, 3 * config.n_embd)
+        self.proj = nn.Linear(config.n_embd, config.n_embd)
+
+    def forward(self, x, cache=None):
+        """With `cache` (a [k, v] list, grown in place by torch.cat the way
+        simple generation loops do), attends to every cached position."""
+        batch, length, width = x.shape
+        q, k, v = self.qkv(x).split(width, dim=2)
+        shape = (batch, length, self.n_head, width // self.n_head)
+        q, k, v = (t.view(shape).transpose(1, 2) for t in (q, k, v))
+        causal = True
+        if cache is not None:
+            if cache[0] is not None:
+                k = torch.cat([cache[0], k], dim=2)
+                v = torch.cat([cache[1], v], dim=2)
+                # One new position attends to all earlier ones.
+                causal = length > 1
+            cache[0], cache[1] = k, v
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        return self.proj(y.transpose(1, 2).reshape(batch, length, width))
+
+
+class block(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(config.n_embd)
+        self.attn = causal_self_attention(config)
+        self.ln_2 = nn.LayerNorm(config.n_embd)
+        self.mlp = nn.Sequential(
+            nn.Linear(config.n_embd, 4 * config.n_embd),
+            nn.GELU(approximate="tanh"),
+            nn.Linear(4 * config.n_embd, config.n_embd),
+        )
+
+    def forward(self, x, cache=None):
+        x = x + self.attn(self.ln_1(x), cache)
+        return x + self.mlp(self.ln_2(x))
+
+
+class gpt2(nn.Module):
+    def __init__(self, config=None):
+        super().__init__()
+        self.config = config or gpt2_config()
+        c = self.config
+        self.wte = nn.Embedding(c.vocab_size, c.n_embd)
+        self.wpe = nn.Embedding(c.n_ctx, c.n_embd)
+        self.blocks = nn.ModuleList(block(c) for _ in range(c.n_layer))
+        self.ln_f = nn.LayerNorm(c.n_embd)
+        self.lm_head = nn.Linear(c.n_embd, c.vocab_size, bias=False)
+        self.lm_head.weight = self.wte.weight  # tied, as in GPT-2
+        self.apply(self._init_weights)
+        # GPT-2's scaled init of the residual projections.
+        for name, p in self.named_parameters():
+            if name.endswith("proj.weight") or name.endswith("mlp.2.weight"):
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * c.n_layer))
+
+    @staticmethod
+    def _init_weights(module):
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    def forward(self, idx, caches=None, start=0):
+        """Logits for token ids `idx` (batch, length) at positions
+        start..start+length; `caches` is one [k, v] list per layer."""
+        positions = torch.arange(start, start + idx.shape[1], device=idx.device)
+        x = self.wte(idx) + self.wpe(positions)
+        for i, layer in enumerate(self.blocks):
+            x = layer(x, None if caches is None else caches[i])
+        return self.lm_head(self.ln_f(x))
+
+
+def training_step(model, optimizer, idx, targets):
+    """One bf16-autocast training step; returns the loss tensor."""
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        logits = model(idx)
+        loss = F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1))
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return loss
+
+
+def make_training(device="cuda", seed=0):
+    """A fresh GPT-2-small model and its AdamW optimizer on `device`."""
+    torch.manual_seed(seed)
+    model = gpt2().to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1)
+    return model, optimizer

@@ -1,0 +1,174 @@
+#!/usr/bin/env python3
+"""Records the CUDA allocation trace of a PyTorch program in the trace format
+of shared/traces/README.md (gzip'd CSV `action,addr,size,stream`), for
+streamalloc-replay and bench/replay_torch.py.
+
+    python scripts/capture_trace.py -o out.trace.csv.gz -- prog.py [args...]
+        runs prog.py in this process under
+        torch.cuda.memory._record_memory_history(enabled="all", context=None)
+        (torch's native allocator must be in use: leave
+        PYTORCH_CUDA_ALLOC_CONF's backend alone) and writes
+        torch.cuda.memory._snapshot()["device_traces"][device]
+    python scripts/capture_trace.py -o out.trace.csv.gz --from-pickle snap.pickle
+        converts a pickle written by torch.cuda.memory._dump_snapshot
+
+The output is gzip'd when its name ends in .gz.
+"""
+
+import argparse
+import csv
+import gzip
+import os
+import pickle
+import runpy
+import sys
+
+# The actions of torch's TraceEntry; the file keeps every one, readers skip
+# what they do not replay.
+KNOWN_ACTIONS = {
+    "alloc",
+    "free_requested",
+    "free_completed",
+    "segment_alloc",
+    "segment_free",
+    "segment_map",
+    "segment_unmap",
+    "oom",
+    "snapshot",
+}
+
+
+def write_trace(entries, path):
+    """Writes `entries` (torch TraceEntry dicts) to `path`; returns counts
+    and the peak of live allocated bytes for a summary line."""
+    opener = gzip.open if path.endswith(".gz") else open
+    live = {}
+    live_bytes = 0
+    peak_live = 0
+    reserved = 0
+    peak_reserved = 0
+    counts = {}
+    with opener(path, "wt", newline="") as out:
+        writer = csv.writer(out, lineterminator="\n")
+        writer.writerow(["action", "addr", "size", "stream"])
+        for entry in entries:
+            action = entry["action"]
+            # An oom entry carries device_free instead of an address.
+            addr = int(entry.get("addr", 0))
+            size = int(entry.get("size", 0))
+            stream = int(entry.get("stream", 0))
+            writer.writerow([action, addr, size, stream])
+            counts[action] = counts.get(action, 0) + 1
+            if action == "alloc":
+                live[addr] = size
+                live_bytes += size
+                peak_live = max(peak_live, live_bytes)
+            elif action == "free_completed":
+                live_bytes -= live.pop(addr, 0)
+            elif action in ("segment_alloc", "segment_map"):
+                reserved += size
+                peak_reserved = max(peak_reserved, reserved)
+            elif action in ("segment_free", "segment_unmap"):
+                reserved -= size
+    return counts, peak_live, peak_reserved
+
+
+def summarize(path, counts, peak_live, peak_reserved):
+    unknown = sorted(set(counts) - KNOWN_ACTIONS)
+    parts = ", ".join(f"{counts[a]} {a}" for a in sorted(counts))
+    ratio = f"{peak_reserved / peak_live:.3f}" if peak_live else "n/a"
+    print(
+        f"capture_trace: wrote {path}: {sum(counts.values())} events ({parts}); peak live "
+        f"{peak_live:,} B, native peak reserved {peak_reserved:,} B (ratio {ratio})",
+        file=sys.stderr,
+    )
+    if unknown:
+        print(f"capture_trace: note: actions this tool does not know: {', '.join(unknown)}", file=sys.stderr)
+
+
+def device_trace(snapshot, device, source):
+    traces = snapshot.get("device_traces", [])
+    if device >= len(traces):
+        sys.exit(f"capture_trace: {source} has traces for {len(traces)} device(s); no device {device}")
+    entries = traces[device]
+    if not entries:
+        sys.exit(
+            f"capture_trace: {source} holds no trace entries for device {device} "
+            "(was _record_memory_history(enabled='all') on, and did the program allocate on that device?)"
+        )
+    return entries
+
+
+def run_program(argv, max_entries):
+    """Runs the Python program `argv` as __main__ under memory-history
+    recording and returns the snapshot taken when it ends."""
+    import torch
+
+    if not torch.cuda.is_available():
+        sys.exit("capture_trace: torch sees no CUDA device")
+    backend = torch.cuda.get_allocator_backend()
+    if backend != "native":
+        sys.exit(f"capture_trace: torch's allocator backend is '{backend}'; traces come from the native allocator")
+    program = argv[0]
+    if not os.path.isfile(program):
+        sys.exit(f"capture_trace: no such program: {program}")
+    # Tracebacks are not recorded (context=None): the trace needs only the
+    # actions, and stack capture would slow the program down.
+    torch.cuda.memory._record_memory_history(enabled="all", context=None, stacks="python", max_entries=max_entries)
+    saved_argv, saved_path0 = sys.argv, sys.path[0]
+    sys.argv = list(argv)
+    sys.path[0] = os.path.dirname(os.path.abspath(program))
+    status = 0
+    try:
+        runpy.run_path(program, run_name="__main__")
+    except SystemExit as stop:
+        status = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
+    finally:
+        sys.argv = saved_argv
+        sys.path[0] = saved_path0
+    torch.cuda.synchronize()
+    snapshot = torch.cuda.memory._snapshot()
+    torch.cuda.memory._record_memory_history(enabled=None)
+    if status != 0:
+        print(f"capture_trace: {program} exited with status {status}; writing the trace so far", file=sys.stderr)
+    return snapshot, status
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("-o", "--output", required=True, help="trace file to write (.csv or .csv.gz)")
+    parser.add_argument("--from-pickle", metavar="SNAPSHOT", help="convert a _dump_snapshot pickle instead of running")
+    parser.add_argument("--device", type=int, default=None, help="device whose trace to write (default: the current one)")
+    parser.add_argument("--max-entries", type=int, default=20_000_000, help="history ring size (default 20M)")
+    parser.add_argument("program", nargs=argparse.REMAINDER, help="-- prog.py [args...]")
+    args = parser.parse_args()
+
+    program = args.program[1:] if args.program[:1] == ["--"] else args.program
+    if bool(program) == bool(args.from_pickle):
+        parser.error("give either --from-pickle SNAPSHOT or -- prog.py [args...]")
+
+    status = 0
+    if args.from_pickle:
+        with open(args.from_pickle, "rb") as f:
+            snapshot = pickle.load(f)
+        source = args.from_pickle
+        device = args.device if args.device is not None else 0
+    else:
+        snapshot, status = run_program(program, args.max_entries)
+        source = program[0]
+        import torch
+
+        device = args.device if args.device is not None else torch.cuda.current_device()
+    entries = device_trace(snapshot, device, source)
+    if len(entries) >= args.max_entries:
+        print(
+            f"capture_trace: warning: {len(entries)} entries reached --max-entries; the oldest were overwritten "
+            "and the trace starts mid-run",
+            file=sys.stderr,
+        )
+    summarize(args.output, *write_trace(entries, args.output))
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
