@@ -95,6 +95,9 @@ step microbench 300 bash -c '"$0" "$@" > "'"$work"'/microbench.md"; rc=$?; cat "
 step python_bench 660 bash -c '"$0" "$@" > "'"$work"'/python_bench.md"; rc=$?; cat "'"$work"'/python_bench.md"; exit $rc' \
   "$python_bin" bench/python_bench.py --timeout 160 --json "$work/python_bench.json" "${python_args[@]}"
 
+step streams_bench 180 bash -c '"$0" "$@" > "'"$work"'/streams_bench.md"; rc=$?; cat "'"$work"'/streams_bench.md"; exit $rc' \
+  "$python_bin" bench/streams_bench.py --json "$work/streams_bench.json"
+
 step capture_gpt2_train 180 "$python_bin" scripts/capture_trace.py -o "$work/traces/gpt2_train_varlen.trace.csv.gz" \
   -- bench/workloads/gpt2_train_varlen.py "${train_args[@]}"
 step capture_gpt2_generate 180 "$python_bin" scripts/capture_trace.py -o "$work/traces/gpt2_generate.trace.csv.gz" \
@@ -148,7 +151,7 @@ results="$work/results.md"
   for i in "${!step_names[@]}"; do
     echo "| ${step_names[$i]} | ${step_results[$i]} | ${step_seconds[$i]} |"
   done
-  for part in microbench python_bench replay; do
+  for part in microbench python_bench streams_bench replay; do
     if [[ -s $work/$part.md ]]; then
       echo
       cat "$work/$part.md"

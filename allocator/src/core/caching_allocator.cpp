@@ -9,7 +9,8 @@
 // - Note [cross-stream reuse]: before growing, a free block cached for
 //   stream A may serve stream B: an event is recorded on A and B waits on
 //   it, so B's work starts after A's last use without a host sync.
-// - When the free list misses, the OOM ladder runs (allocate_locked) and
+// - Each allocation first reclaims completed pending frees, then tries the
+//   free list; when that misses, the OOM ladder runs (allocate_locked) and
 //   ends in out_of_memory carrying the numbers a user needs.
 // - Private pools serve CUDA graph captures and keep their memory until the
 //   graph is released.
@@ -95,16 +96,15 @@ void* caching_allocator::allocate_locked(std::size_t bytes, stream_handle stream
   free_block_set& free_set = pool_for_locked(pool, policy_.is_small(rounded));
   const bool capturing = capture_count_.load(std::memory_order_relaxed) != 0;
 
-  // Stage 1: best fit among this stream's cached blocks.
+  // Stage 1: reclaim pending frees whose events have completed, so they are
+  // coalesced and counted inactive before the search (as PyTorch does).
+  // Costs nothing when no free is pending; event queries are not allowed
+  // while a capture is underway.
+  if (!pending_.empty() && !capturing) process_events_locked();
+
+  // Stage 2: best fit among this stream's cached blocks.
   block* found = find_free_block_locked(free_set, rounded, stream);
   stream_handle remainder_stream = stream;
-
-  // Stage 2: reclaim pending frees whose events have completed. Event
-  // queries are not allowed while a capture is underway.
-  if (found == nullptr && !pending_.empty() && !capturing) {
-    process_events_locked();
-    found = find_free_block_locked(free_set, rounded, stream);
-  }
 
   // Stage 3: Note [cross-stream reuse] -- borrow a block cached for another
   // stream; the borrowing stream waits on an event instead of the host.
@@ -116,7 +116,7 @@ void* caching_allocator::allocate_locked(std::size_t bytes, stream_handle stream
   // Stage 4: grow by a new segment, after an optional garbage collection of
   // unused cached segments when reserved memory nears the cap.
   if (found == nullptr) {
-    if (config_.garbage_collection_threshold > 0.0) {
+    if (config_.garbage_collection_threshold > 0.0 && !capturing) {
       const double reserved = static_cast<double>(stats_.reserved_bytes[0].current);
       if (reserved > config_.garbage_collection_threshold * static_cast<double>(allowed_bytes_)) {
         release_unused_segments_locked();
@@ -126,9 +126,10 @@ void* caching_allocator::allocate_locked(std::size_t bytes, stream_handle stream
   }
 
   // Stage 5: release cached oversize blocks (whole segments) and grow again.
+  // No memory is returned during a capture: the graph may still use it.
   if (found == nullptr) {
     ++stats_.num_alloc_retries;
-    if (release_available_oversize_locked(rounded, pool)) found = grow_locked(rounded, stream, pool);
+    if (!capturing && release_available_oversize_locked(rounded, pool)) found = grow_locked(rounded, stream, pool);
   }
 
   // Stage 6: wait for every pending free, return every unused cached
@@ -411,10 +412,10 @@ void caching_allocator::erase_free_locked(block* b) {
 
 void caching_allocator::empty_cache() {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (capture_count_.load(std::memory_order_relaxed) == 0 &&
-      (!pending_.empty() || !awaiting_device_sync_.empty())) {
-    synchronize_pending_locked();
-  }
+  // A capture may neither synchronize nor free device memory; the cache is
+  // kept until it ends.
+  if (capture_count_.load(std::memory_order_relaxed) != 0) return;
+  if (!pending_.empty() || !awaiting_device_sync_.empty()) synchronize_pending_locked();
   release_unused_segments_locked();
 }
 

@@ -76,6 +76,20 @@ class device_guard {
   int previous_ = -1;
 };
 
+// Switches this thread to relaxed stream-capture mode for its lifetime: a
+// segment may have to grow while a CUDA graph is being captured, and
+// cudaMalloc / cudaMemGetInfo are refused in the default (global) mode.
+class relaxed_capture_mode {
+ public:
+  relaxed_capture_mode() { (void)cudaThreadExchangeStreamCaptureMode(&mode_); }
+  ~relaxed_capture_mode() { (void)cudaThreadExchangeStreamCaptureMode(&mode_); }
+  relaxed_capture_mode(const relaxed_capture_mode&) = delete;
+  relaxed_capture_mode& operator=(const relaxed_capture_mode&) = delete;
+
+ private:
+  cudaStreamCaptureMode mode_ = cudaStreamCaptureModeRelaxed;
+};
+
 // NVTX names are registered once; without an attached tool every NVTX call
 // is a cheap no-op.
 struct trace_names {
@@ -127,6 +141,7 @@ status cuda_backend::allocate_segment(std::size_t bytes, void** out) {
   device_guard guard(device_);
   if (!guard.ok()) return failure(guard.error(), device_, "cudaSetDevice");
   void* ptr = nullptr;
+  relaxed_capture_mode relaxed;
   const cudaError_t error = cudaMalloc(&ptr, bytes);
   if (error != cudaSuccess) return failure(error, device_, "cudaMalloc(" + format_bytes(bytes) + ")");
   *out = ptr;
@@ -149,6 +164,7 @@ status cuda_backend::memory_info(device_memory_info* out) {
   if (!guard.ok()) return failure(guard.error(), device_, "cudaSetDevice");
   std::size_t free_bytes = 0;
   std::size_t total_bytes = 0;
+  relaxed_capture_mode relaxed;
   const cudaError_t error = cudaMemGetInfo(&free_bytes, &total_bytes);
   if (error != cudaSuccess) return failure(error, device_, "cudaMemGetInfo");
   out->free_bytes = free_bytes;

@@ -1,0 +1,207 @@
+"""streamalloc: a block-caching CUDA memory allocator for PyTorch.
+
+Install it at the top of a script, before the first CUDA tensor exists::
+
+    import torch
+    import streamalloc
+
+    streamalloc.install()                      # or install(max_split_size_mb=512)
+
+From then on torch allocates GPU memory through streamalloc, and
+torch.cuda.memory_stats(), memory_summary(), empty_cache(),
+Tensor.record_stream(), set_per_process_memory_fraction(),
+torch.backends.cudnn.benchmark and CUDA graphs use and report streamalloc's
+own state. Options come from STREAMALLOC_CONF (``key:value,...``) with
+install()'s keyword arguments layered on top; config_keys() lists them.
+
+Without torch, without a GPU or without the compiled extension the package
+still imports; the functions that need them raise ImportError or
+RuntimeError saying what is missing. library_path() serves the plain
+alternative, torch's own CUDAPluggableAllocator, which needs no extension.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Dict, List, Tuple
+
+from ._options import to_conf_string
+from ._summary import format_summary
+from .streams import PinnedPool, Prefetcher, to_device
+
+__version__ = "0.1.0"
+__all__ = [
+    "config",
+    "config_keys",
+    "empty_cache",
+    "install",
+    "is_installed",
+    "library_path",
+    "memory_summary",
+    "reset_accumulated_stats",
+    "reset_peak_stats",
+    "snapshot",
+    "stats",
+    "PinnedPool",
+    "Prefetcher",
+    "to_device",
+]
+
+_LIBRARY_NAME = "libstreamalloc.so"
+_INSTALL_HINT = (
+    "call streamalloc.install() before any CUDA tensor is created, e.g. at the top of your script"
+)
+
+
+def _extension():
+    """streamalloc._C, imported after torch: it links against torch's libraries."""
+    try:
+        import torch  # noqa: F401  (loads the libraries _C needs)
+    except Exception as error:  # a broken torch install raises OSError too
+        raise ImportError(
+            f"streamalloc needs PyTorch with CUDA support, and `import torch` failed: {error}"
+        ) from error
+    try:
+        from . import _C
+    except ImportError as error:
+        raise ImportError(
+            "streamalloc's compiled extension streamalloc._C is missing from "
+            f"{os.path.dirname(os.path.abspath(__file__))}: this copy of the package was not built. "
+            f"Install it from the source tree with `pip install .` ({error})"
+        ) from error
+    return _C
+
+
+def _installed_extension():
+    extension = _extension()
+    if not extension.is_installed():
+        raise RuntimeError(f"streamalloc is not torch's CUDA allocator yet: {_INSTALL_HINT}")
+    return extension
+
+
+def _device_index(device) -> int:
+    """Index of `device` (an int, "cuda:1", torch.device or None for the
+    current device)."""
+    import torch
+
+    if device is None:
+        return torch.cuda.current_device()
+    if isinstance(device, int):
+        return device
+    device = torch.device(device)
+    if device.type != "cuda":
+        raise ValueError(f"streamalloc manages CUDA devices, not {device}")
+    return torch.cuda.current_device() if device.index is None else device.index
+
+
+def install(**config: Any) -> None:
+    """Makes streamalloc torch's CUDA allocator for this process.
+
+    Keyword arguments are STREAMALLOC_CONF options (see config_keys()),
+    layered on the STREAMALLOC_CONF environment variable: bools as
+    True/False, numbers and strings as written, e.g.
+    ``install(max_split_size_mb=256, cross_stream_reuse=False)``.
+
+    It must run before torch initialises CUDA (before any CUDA tensor is
+    created): torch cannot swap allocators afterwards, and install() then
+    raises RuntimeError saying so. An unknown option or a bad value raises
+    ValueError listing the valid keys.
+
+    Calling install() again is harmless: it returns without effect. Options
+    it passes still apply while no CUDA memory has been allocated; once
+    streamalloc is in use, only options equal to those in force are
+    accepted, and a request to change one raises RuntimeError.
+    """
+    extension = _extension()
+    import torch
+
+    if not torch.cuda.is_available():
+        raise RuntimeError(
+            "streamalloc.install(): torch sees no CUDA GPU (torch.cuda.is_available() is False); "
+            "streamalloc only manages GPU memory"
+        )
+    extension.install(to_conf_string(config))
+
+
+def is_installed() -> bool:
+    """Whether torch's current CUDA allocator is streamalloc's. False when
+    torch or the compiled extension is missing."""
+    try:
+        return bool(_extension().is_installed())
+    except ImportError:
+        return False
+
+
+def stats(device=None) -> Dict[str, Any]:
+    """torch.cuda.memory_stats()'s keys, with the same meaning, for `device`
+    (default: the current device), plus streamalloc's "fragmentation.*"
+    metrics: largest_free_block_bytes, free_cached_bytes, external
+    (1 - largest free block / free cached bytes) and reserved_allocated_ratio.
+    """
+    extension = _installed_extension()
+    return extension.stats(_device_index(device))
+
+
+def memory_summary(device=None, abbreviated: bool = False) -> str:
+    """A readable table of stats(device), like torch.cuda.memory_summary(),
+    ending with the fragmentation metrics."""
+    extension = _installed_extension()
+    index = _device_index(device)
+    return format_summary(extension.stats(index), index, abbreviated)
+
+
+def snapshot(device=None) -> Dict[str, Any]:
+    """Segments and blocks in the layout of torch.cuda.memory._snapshot():
+    {"segments": [...], "device_traces": [[], ...], "allocator_settings": {...}}.
+    With `device` None it covers every device; streamalloc keeps no
+    allocation history, so the traces are empty."""
+    extension = _installed_extension()
+    return extension.snapshot(-1 if device is None else _device_index(device))
+
+
+def empty_cache() -> None:
+    """Returns every unused cached segment, on every device, to the driver."""
+    _installed_extension().empty_cache()
+
+
+def reset_peak_stats(device=None) -> None:
+    """Sets every "peak" counter of `device` to its current value."""
+    extension = _installed_extension()
+    extension.reset_peak_stats(_device_index(device))
+
+
+def reset_accumulated_stats(device=None) -> None:
+    """Zeroes the "allocated"/"freed" totals of `device`."""
+    extension = _installed_extension()
+    extension.reset_accumulated_stats(_device_index(device))
+
+
+def config() -> str:
+    """The options in force (or those install() would use), in
+    STREAMALLOC_CONF syntax."""
+    return _extension().config()
+
+
+def config_keys() -> List[Tuple[str, str]]:
+    """(key, description) for every STREAMALLOC_CONF option."""
+    return [tuple(entry) for entry in _extension().config_keys()]
+
+
+def library_path() -> str:
+    """Path of libstreamalloc.so shipped in this package, for torch's plain
+    pluggable-allocator path (no compiled extension involved)::
+
+        allocator = torch.cuda.memory.CUDAPluggableAllocator(
+            streamalloc.library_path(), "streamalloc_malloc", "streamalloc_free")
+        torch.cuda.memory.change_current_allocator(allocator)
+
+    That path only allocates and frees: torch's memory statistics, snapshot,
+    cudnn.benchmark and record_stream need install() instead.
+    """
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), _LIBRARY_NAME)
+    if not os.path.isfile(path):
+        raise RuntimeError(
+            f"{_LIBRARY_NAME} is not in {os.path.dirname(path)}: this copy of the package was not "
+            "built. Install it from the source tree with `pip install .`"
+        )
+    return path

@@ -1,0 +1,622 @@
+// Randomized differential test of caching_allocator against a reference
+// model of live and pending-free ranges: random sizes, streams, stream uses,
+// frees, event completions, empty_cache calls and injected segment
+// failures. Every returned range must be fresh sim device memory that
+// overlaps nothing live or pending, and the stats must match the model.
+// The untagged case is a quick smoke run; "[slow]" is the long run.
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "streamalloc/util/errors.hpp"
+#include "support/catch.hpp"
+#include "support/sim_fixture.hpp"
+
+using namespace streamalloc;
+using streamalloc::test::addr;
+using streamalloc::test::all;
+using streamalloc::test::consistency_problem;
+using streamalloc::test::expected_rounded_bytes;
+using streamalloc::test::expected_segment_bytes;
+using streamalloc::test::sim_fixture;
+
+namespace {
+
+// What a run exercised, so a run that silently stops reaching a path fails.
+struct run_coverage {
+  std::size_t allocations = 0;
+  std::size_t ooms = 0;
+  std::size_t pending_frees = 0;
+  std::size_t full_checks = 0;
+  std::int64_t cross_stream_reuses = 0;
+  std::int64_t alloc_retries = 0;
+  std::int64_t sync_all_streams = 0;
+  std::int64_t oversize_segments_peak = 0;
+  std::size_t captures = 0;
+  std::size_t deferred_frees = 0;
+
+  void add(const run_coverage& o) {
+    allocations += o.allocations;
+    ooms += o.ooms;
+    pending_frees += o.pending_frees;
+    full_checks += o.full_checks;
+    cross_stream_reuses += o.cross_stream_reuses;
+    alloc_retries += o.alloc_retries;
+    sync_all_streams += o.sync_all_streams;
+    oversize_segments_peak = std::max(oversize_segments_peak, o.oversize_segments_peak);
+    captures += o.captures;
+    deferred_frees += o.deferred_frees;
+  }
+};
+
+struct run_options {
+  std::uint64_t seed = 1;
+  std::size_t steps = 1000;
+  // Full consistency check (validate, snapshot recount, pool of each block)
+  // every this many steps; 1 = after every step.
+  std::size_t check_every = 1;
+};
+
+std::string describe(const run_options& o) {
+  std::ostringstream out;
+  out << "seed " << o.seed << ", " << o.steps << " steps, full check every " << o.check_every;
+  return out.str();
+}
+
+class random_run {
+ public:
+  explicit random_run(const run_options& options)
+      : options_(options),
+        rng_(options.seed),
+        manual_events_(options.seed % 2 == 0),
+        fixture_(make_sim_config(options.seed), make_allocator_config(options.seed)),
+        streams_{fixture_.s1, fixture_.s2, fixture_.s3} {}
+
+  run_coverage run() {
+    for (step_ = 0; step_ < options_.steps; ++step_) {
+      full_check_ = options_.check_every == 1 || step_ % options_.check_every == 0;
+      one_step();
+      if (full_check_) {
+        ++coverage_.full_checks;
+        check_consistent();
+        prune_owners();
+      }
+    }
+    const device_stats st = fixture_.stats();
+    coverage_.cross_stream_reuses = st.num_cross_stream_reuses;
+    coverage_.alloc_retries = st.num_alloc_retries;
+    coverage_.sync_all_streams = st.num_sync_all_streams;
+    coverage_.oversize_segments_peak = st.oversize_segments.peak;
+    finish();
+    return coverage_;
+  }
+
+ private:
+  struct live_allocation {
+    std::uintptr_t address;
+    std::size_t block_size;
+    std::size_t requested;
+    stream_handle stream;
+    std::vector<stream_handle> uses;  // distinct, never the allocating stream
+  };
+  struct owned_range {
+    std::uintptr_t end;
+    stream_handle stream;
+  };
+  struct pending_range {
+    std::uintptr_t address;
+    std::size_t size;
+    stream_handle stream;  // the allocating stream, whose pool gets the block back
+    // The block's events, or (grouped) the events of every block whose free
+    // was deferred by one capture: which event is whose is not observable,
+    // so the test completes a group's events together.
+    std::vector<event_handle> events;
+    bool grouped = false;
+  };
+
+  static sim_config make_sim_config(std::uint64_t seed) {
+    sim_config c;
+    c.capacity_bytes = 640_MiB;
+    c.events_complete_immediately = seed % 2 != 0;
+    return c;
+  }
+  static allocator_config make_allocator_config(std::uint64_t seed) {
+    allocator_config c;
+    c.cross_stream_reuse = seed % 3 != 0;
+    if (seed % 4 == 1) c.max_split_bytes = 32_MiB;
+    return c;
+  }
+
+  void fail(const std::string& what) {
+    std::ostringstream out;
+    out << describe(options_) << " (manual events " << manual_events_ << ", cross-stream reuse "
+        << fixture_.alloc.config().cross_stream_reuse << ", max_split " << fixture_.stats().max_split_size << "): step "
+        << step_ << " (" << op_ << "): " << what;
+    FAIL(out.str());
+  }
+
+  std::size_t random_size() {
+    const std::uint64_t pick = rng_() % 100;
+    if (pick == 0) return 0;
+    if (pick < 12 && !recent_sizes_.empty()) return recent_sizes_[rng_() % recent_sizes_.size()];
+    // Log-uniform over 1 B .. 64 MiB.
+    const double exponent = std::uniform_real_distribution<double>(0.0, std::log(static_cast<double>(64_MiB)))(rng_);
+    const auto size = static_cast<std::size_t>(std::exp(exponent));
+    const std::size_t clamped = std::max<std::size_t>(1, std::min(size, 64_MiB));
+    if (recent_sizes_.size() < 16) {
+      recent_sizes_.push_back(clamped);
+    } else {
+      recent_sizes_[rng_() % recent_sizes_.size()] = clamped;
+    }
+    return clamped;
+  }
+
+  void one_step() {
+    const std::uint64_t pick = rng_() % 1000;
+    const bool over_budget = live_bytes_ > 320_MiB;
+    if (pick < 10) {
+      op_ = "empty_cache";
+      do_empty_cache();
+    } else if (pick < 14) {
+      op_ = "set_memory_fraction";
+      const double fractions[] = {0.5, 0.75, 1.0};
+      fraction_ = fractions[rng_() % 3];
+      fixture_.alloc.set_memory_fraction(fraction_);
+    } else if (pick < 18) {
+      op_ = "reset_peak_stats";
+      fixture_.alloc.reset_peak_stats();
+    } else if (pick < 22) {
+      op_ = "misuse";
+      do_misuse();
+    } else if (pick < 24 && capture_pool_ == 0) {
+      // Captures are short (about 50 steps): while one runs the ladder
+      // cannot synchronize, so long ones would mostly exercise out_of_memory.
+      op_ = "begin_allocate_to_pool";
+      do_begin_capture();
+    } else if (pick < 44 && capture_pool_ != 0) {
+      op_ = "end_allocate_to_pool";
+      do_end_capture();
+    } else if (pick < 46) {
+      op_ = "release_pool";
+      do_release_pool();
+    } else if (pick < 54) {
+      do_allocate(true);
+    } else if (pick < 120) {
+      op_ = "complete events";
+      do_complete();
+    } else if (pick < 200) {
+      op_ = "record_stream";
+      do_record_stream();
+    } else if (pick < 600 && !over_budget) {
+      do_allocate(false);
+    } else {
+      op_ = "free";
+      do_free();
+    }
+  }
+
+  // Whether [address, address+size) overlaps a live or pending range.
+  bool overlaps_busy(std::uintptr_t address, std::size_t size) const {
+    auto it = busy_.lower_bound(address);
+    if (it != busy_.end() && it->first < address + size) return true;
+    if (it != busy_.begin()) {
+      --it;
+      if (it->first + it->second > address) return true;
+    }
+    return false;
+  }
+
+  void do_allocate(bool inject_fault) {
+    const std::size_t size = random_size();
+    const stream_handle stream = streams_[rng_() % streams_.size()];
+    const bool fail_always = inject_fault && rng_() % 2 == 0;
+    op_ = inject_fault ? (fail_always ? "allocate, every segment allocation failing"
+                                      : "allocate, next segment "
+                                        "allocation failing")
+                       : "allocate";
+    if (inject_fault) {
+      if (fail_always) {
+        fixture_.sim.fail_always(sim_fault_point::allocate_segment);
+      } else {
+        fixture_.sim.fail_nth(sim_fault_point::allocate_segment, 1);
+      }
+    }
+    const std::size_t segments_before = fixture_.sim.live_segments();
+    const std::int64_t reuses_before = fixture_.stats().num_cross_stream_reuses;
+    const std::size_t waits_before = fixture_.sim.counters().stream_waits;
+    void* p = nullptr;
+    try {
+      p = fixture_.alloc.allocate(size, stream);
+    } catch (const out_of_memory& e) {
+      fixture_.sim.clear_faults();
+      // After the ladder released everything it could, the device must
+      // really lack room for the segment this request needs. An injected
+      // fault may have hit the last growth attempt (the earlier one is
+      // skipped when the cache fills the device), so then anything goes.
+      const oom_context& c = e.context();
+      const std::size_t capacity = fixture_.sim.capacity_bytes();
+      const auto allowed =
+          fraction_ >= 1.0 ? capacity : static_cast<std::size_t>(fraction_ * static_cast<double>(capacity));
+      if (c.allowed_bytes != allowed) fail("oom context allowed_bytes " + std::to_string(c.allowed_bytes));
+      if (c.reserved_bytes != fixture_.sim.used_bytes()) fail("oom context reserved_bytes differs from the device");
+      if (c.requested_bytes != size) fail("oom context requested_bytes " + std::to_string(c.requested_bytes));
+      const std::size_t device_room = capacity - fixture_.sim.used_bytes();
+      const std::size_t cap_room = allowed > c.reserved_bytes ? allowed - c.reserved_bytes : 0;
+      const std::size_t headroom = std::min(device_room, cap_room);
+      // During a capture the ladder may not synchronize or release.
+      if (!inject_fault && capture_pool_ == 0 && size > 0 && headroom >= expected_segment_bytes(size)) {
+        fail("out_of_memory for " + std::to_string(size) + " B with " + std::to_string(headroom) +
+             " B of device headroom: " + e.what());
+      }
+      ++coverage_.ooms;
+      refresh_pending();
+      check_model_stats();
+      return;
+    }
+    fixture_.sim.clear_faults();
+    // Stage 6 may have synchronized pending frees, making them reusable by
+    // this very request.
+    refresh_pending();
+    if (size == 0) {
+      if (p != nullptr) fail("allocate(0) returned non-null");
+      return;
+    }
+    if (p == nullptr) fail("allocate returned nullptr for " + std::to_string(size) + " B");
+    const std::size_t block_size = fixture_.alloc.allocation_size(p);
+    if (block_size < expected_rounded_bytes(size)) {
+      fail("block of " + std::to_string(block_size) + " B for a request of " + std::to_string(size));
+    }
+    if (!fixture_.sim.is_device_memory(p, block_size)) fail("returned range is not sim device memory");
+    if (overlaps_busy(addr(p), block_size)) fail("returned range overlaps a live or pending-free range");
+    if (fail_always && fixture_.sim.live_segments() > segments_before) fail("grew while segment allocation fails");
+    check_stream_owner(addr(p), block_size, stream, reuses_before, waits_before);
+    if (full_check_) check_pool(addr(p), capture_pool_ != 0 && stream == capture_stream_ ? capture_pool_ : 0);
+
+    ++coverage_.allocations;
+    busy_.emplace(addr(p), block_size);
+    live_.push_back({addr(p), block_size, size, stream, {}});
+    live_bytes_ += block_size;
+    live_requested_ += size;
+    check_model_stats();
+  }
+
+  // Memory last used by stream u may go to stream t != u only through Note
+  // [cross-stream reuse]: counted, with t waiting on an event of u. The
+  // model's record of who freed each range is kept independently of the
+  // allocator's block streams.
+  void check_stream_owner(std::uintptr_t address, std::size_t size, stream_handle stream, std::int64_t reuses_before,
+                          std::size_t waits_before) {
+    bool foreign = false;
+    const std::uintptr_t end = address + size;
+    auto it = free_owner_.upper_bound(address);
+    if (it != free_owner_.begin() && std::prev(it)->second.end > address) --it;
+    while (it != free_owner_.end() && it->first < end) {
+      const std::uintptr_t start = it->first;
+      const owned_range r = it->second;
+      foreign = foreign || r.stream != stream;
+      it = free_owner_.erase(it);
+      // Keep the parts of the free range outside the new block.
+      if (start < address) free_owner_[start] = {address, r.stream};
+      if (r.end > end) free_owner_[end] = {r.end, r.stream};
+    }
+    if (!foreign) return;
+    if (!fixture_.alloc.config().cross_stream_reuse)
+      fail("memory freed by another stream reused with cross_stream_reuse off");
+    if (fixture_.stats().num_cross_stream_reuses <= reuses_before)
+      fail("memory freed by another stream reused uncounted");
+    if (fixture_.sim.counters().stream_waits <= waits_before)
+      fail("memory freed by another stream reused without a wait");
+  }
+
+  void mark_freed(std::uintptr_t address, std::size_t size, stream_handle stream) {
+    free_owner_[address] = {address + size, stream};
+  }
+
+  // Forgets ranges of released segments (addresses are never reused).
+  void prune_owners() {
+    for (auto it = free_owner_.begin(); it != free_owner_.end();) {
+      const bool live =
+          fixture_.sim.is_device_memory(reinterpret_cast<const void*>(it->first), it->second.end - it->first);
+      it = live ? std::next(it) : free_owner_.erase(it);
+    }
+  }
+
+  // Private pools and the default pool never share segments.
+  void check_pool(std::uintptr_t address, pool_id expected) {
+    const allocator_snapshot snap = fixture_.alloc.snapshot();
+    const segment_info* seg = streamalloc::test::find_segment(snap, address);
+    if (seg == nullptr) fail("no snapshot segment holds the new block");
+    if (seg->pool != expected) {
+      fail("block from pool " + std::to_string(seg->pool) + ", expected pool " + std::to_string(expected));
+    }
+  }
+
+  void do_begin_capture() {
+    capture_pool_ = next_pool_++;
+    const stream_handle captured = streams_[rng_() % streams_.size()];
+    capture_stream_ = captured;
+    fixture_.alloc.begin_allocate_to_pool(capture_pool_, [captured](stream_handle s) { return s == captured; });
+    held_pools_.push_back(capture_pool_);
+    ++coverage_.captures;
+  }
+
+  void do_end_capture() {
+    const pool_id id = capture_pool_;
+    capture_pool_ = 0;
+    const std::size_t records_before = fixture_.sim.counters().event_records;
+    std::vector<event_handle> recorded =
+        streamalloc::test::new_pending_events(fixture_.sim, [&] { fixture_.alloc.end_allocate_to_pool(id); });
+    const std::size_t records = fixture_.sim.counters().event_records - records_before;
+    if (records != deferred_uses_) {
+      fail("ending the capture recorded " + std::to_string(records) + " events for " + std::to_string(deferred_uses_) +
+           " deferred stream uses");
+    }
+    for (const pending_range& r : deferred_) {
+      if (recorded.empty()) {
+        busy_.erase(r.address);  // the events completed on record
+        mark_freed(r.address, r.size, r.stream);
+      } else {
+        pending_.push_back({r.address, r.size, r.stream, recorded, deferred_.size() > 1});
+      }
+    }
+    deferred_.clear();
+    deferred_uses_ = 0;
+  }
+
+  void do_release_pool() {
+    for (std::size_t i = 0; i < held_pools_.size(); ++i) {
+      if (held_pools_[i] == capture_pool_) continue;
+      fixture_.alloc.release_pool(held_pools_[i]);
+      held_pools_.erase(held_pools_.begin() + static_cast<std::ptrdiff_t>(i));
+      return;
+    }
+  }
+
+  void do_free() {
+    if (live_.empty()) return;
+    const std::size_t k = rng_() % live_.size();
+    const live_allocation a = live_[k];
+    live_[k] = live_.back();
+    live_.pop_back();
+    live_bytes_ -= a.block_size;
+    live_requested_ -= a.requested;
+    busy_.erase(a.address);
+
+    const std::size_t records_before = fixture_.sim.counters().event_records;
+    std::vector<event_handle> recorded = streamalloc::test::new_pending_events(
+        fixture_.sim, [&] { fixture_.alloc.free(reinterpret_cast<void*>(a.address)); });
+    const std::size_t records = fixture_.sim.counters().event_records - records_before;
+    if (capture_pool_ != 0 && records == 0 && !a.uses.empty()) {
+      // Events may not be recorded during a capture: the free waits for the
+      // capture to end, and the block stays unavailable until then.
+      busy_.emplace(a.address, a.block_size);
+      deferred_.push_back({a.address, a.block_size, a.stream, {}, false});
+      deferred_uses_ += a.uses.size();
+      ++coverage_.deferred_frees;
+      check_model_stats();
+      return;
+    }
+    const std::size_t expected = manual_events_ ? a.uses.size() : 0;
+    if (records != a.uses.size() || recorded.size() != expected) {
+      fail("free recorded " + std::to_string(recorded.size()) + " pending events for " + std::to_string(a.uses.size()) +
+           " stream uses");
+    }
+    if (!recorded.empty()) {
+      ++coverage_.pending_frees;
+      busy_.emplace(a.address, a.block_size);
+      pending_.push_back({a.address, a.block_size, a.stream, std::move(recorded)});
+    } else {
+      mark_freed(a.address, a.block_size, a.stream);
+    }
+    check_model_stats();
+  }
+
+  // An interior pointer of a live block: usage_error, and nothing changes.
+  void do_misuse() {
+    if (live_.empty()) return;
+    const live_allocation& a = live_[rng_() % live_.size()];
+    if (a.block_size < 1024) return;
+    const std::size_t units = a.block_size / 512;
+    void* interior = reinterpret_cast<void*>(a.address + 512 * (1 + rng_() % (units - 1)));
+    const auto before = fixture_.stats().to_map();
+    const std::uint64_t pick = rng_() % 3;
+    try {
+      if (pick == 0) {
+        fixture_.alloc.free(interior);
+      } else if (pick == 1) {
+        fixture_.alloc.record_stream(interior, streams_[0]);
+      } else {
+        fixture_.alloc.allocation_size(interior);
+      }
+      fail("a call with an interior pointer did not throw usage_error");
+    } catch (const usage_error&) {
+    }
+    if (fixture_.stats().to_map() != before) fail("a refused call changed the stats");
+  }
+
+  void do_record_stream() {
+    if (live_.empty()) return;
+    live_allocation& a = live_[rng_() % live_.size()];
+    const stream_handle s = streams_[rng_() % streams_.size()];
+    fixture_.alloc.record_stream(reinterpret_cast<void*>(a.address), s);
+    if (s != a.stream && std::find(a.uses.begin(), a.uses.end(), s) == a.uses.end()) a.uses.push_back(s);
+  }
+
+  void do_complete() {
+    const std::vector<event_handle> pending = fixture_.sim.pending_events();
+    if (pending.empty()) return;
+    const std::uint64_t pick = rng_() % 10;
+    if (pick < 6) {
+      fixture_.sim.complete_event(pending[rng_() % pending.size()]);
+    } else if (pick < 9) {
+      fixture_.sim.complete_stream(streams_[rng_() % streams_.size()]);
+    } else {
+      fixture_.sim.complete_all_events();
+    }
+    complete_partial_groups();
+    refresh_pending();
+  }
+
+  void complete_partial_groups() {
+    std::vector<event_handle> still = fixture_.sim.pending_events();
+    std::sort(still.begin(), still.end());
+    for (const pending_range& r : pending_) {
+      if (!r.grouped) continue;
+      const auto done = std::count_if(r.events.begin(), r.events.end(), [&](event_handle e) {
+        return !std::binary_search(still.begin(), still.end(), e);
+      });
+      if (done == 0) continue;
+      for (event_handle e : r.events) fixture_.sim.complete_event(e);
+    }
+  }
+
+  void do_empty_cache() {
+    fixture_.alloc.empty_cache();
+    refresh_pending();
+    // A capture forbids synchronizing; pools still held keep their cache.
+    if (capture_pool_ != 0) return;
+    if (!pending_.empty()) fail("empty_cache left pending frees unsynchronized");
+    const allocator_snapshot snap = fixture_.alloc.snapshot();
+    for (const segment_info& seg : snap.segments) {
+      const bool held = std::find(held_pools_.begin(), held_pools_.end(), seg.pool) != held_pools_.end();
+      if (seg.allocated_size == 0 && !held) fail("empty_cache kept a segment without allocated blocks");
+    }
+  }
+
+  // Drops from the model every event the sim no longer has pending; a range
+  // whose events all completed is free for reuse.
+  void refresh_pending() {
+    if (pending_.empty()) return;
+    std::vector<event_handle> still = fixture_.sim.pending_events();
+    std::sort(still.begin(), still.end());
+    for (std::size_t i = 0; i < pending_.size();) {
+      std::vector<event_handle>& events = pending_[i].events;
+      events.erase(std::remove_if(events.begin(), events.end(),
+                                  [&](event_handle e) { return !std::binary_search(still.begin(), still.end(), e); }),
+                   events.end());
+      if (events.empty()) {
+        busy_.erase(pending_[i].address);
+        mark_freed(pending_[i].address, pending_[i].size, pending_[i].stream);
+        pending_[i] = pending_.back();
+        pending_.pop_back();
+      } else {
+        ++i;
+      }
+    }
+  }
+
+  void check_model_stats() {
+    const device_stats st = fixture_.stats();
+    if (all(st.allocation) != static_cast<std::int64_t>(live_.size())) {
+      fail("allocation.all.current " + std::to_string(all(st.allocation)) + ", model " + std::to_string(live_.size()));
+    }
+    if (all(st.requested_bytes) != static_cast<std::int64_t>(live_requested_)) {
+      fail("requested_bytes.all.current " + std::to_string(all(st.requested_bytes)) + ", model " +
+           std::to_string(live_requested_));
+    }
+    if (all(st.allocated_bytes) != static_cast<std::int64_t>(live_bytes_)) {
+      fail("allocated_bytes.all.current " + std::to_string(all(st.allocated_bytes)) + ", model " +
+           std::to_string(live_bytes_));
+    }
+  }
+
+  void check_consistent() {
+    const std::string problem = consistency_problem(fixture_.alloc, fixture_.sim);
+    if (!problem.empty()) fail(problem);
+    check_model_stats();
+  }
+
+  void finish() {
+    op_ = "final cleanup";
+    if (capture_pool_ != 0) do_end_capture();
+    for (pool_id id : held_pools_) fixture_.alloc.release_pool(id);
+    held_pools_.clear();
+    for (const live_allocation& a : live_) fixture_.alloc.free(reinterpret_cast<void*>(a.address));
+    live_.clear();
+    live_bytes_ = 0;
+    live_requested_ = 0;
+    fixture_.sim.complete_all_events();
+    fixture_.alloc.empty_cache();
+    check_consistent();
+    if (fixture_.sim.used_bytes() != 0) fail("device memory left after freeing everything and empty_cache");
+    if (fixture_.sim.live_segments() != 0) fail("segments left after freeing everything and empty_cache");
+  }
+
+  const run_options options_;
+  std::mt19937_64 rng_;
+  const bool manual_events_;
+  sim_fixture fixture_;
+  const std::vector<stream_handle> streams_;
+  std::size_t step_ = 0;
+  const char* op_ = "";
+  bool full_check_ = true;
+  std::vector<live_allocation> live_;
+  std::vector<pending_range> pending_;
+  std::map<std::uintptr_t, std::size_t> busy_;  // live and pending ranges: address -> size
+  std::size_t live_bytes_ = 0;
+  std::size_t live_requested_ = 0;
+  std::vector<std::size_t> recent_sizes_;
+  std::map<std::uintptr_t, owned_range> free_owner_;  // freed, non-pending ranges: start -> end, last user
+  run_coverage coverage_;
+  double fraction_ = 1.0;
+  pool_id capture_pool_ = 0;  // 0: no capture underway
+  stream_handle capture_stream_ = 0;
+  pool_id next_pool_ = 1;
+  std::vector<pool_id> held_pools_;      // begun and not yet released
+  std::vector<pending_range> deferred_;  // frees waiting for the capture to end
+  std::size_t deferred_uses_ = 0;
+};
+
+run_coverage run_seeds(std::uint64_t first_seed, std::uint64_t seed_count, std::size_t steps, std::size_t check_every) {
+  run_coverage total;
+  for (std::uint64_t seed = first_seed; seed < first_seed + seed_count; ++seed) {
+    run_options o;
+    o.seed = seed;
+    o.steps = steps;
+    o.check_every = check_every;
+    INFO(describe(o));
+    total.add(random_run(o).run());
+  }
+  return total;
+}
+
+// Every seed set must reach each path the model checks, or it proves little.
+void check_coverage(const run_coverage& c, std::size_t steps) {
+  INFO("allocations " << c.allocations << ", out_of_memory " << c.ooms << ", pending frees " << c.pending_frees
+                      << ", cross-stream reuses " << c.cross_stream_reuses << ", alloc retries " << c.alloc_retries
+                      << ", sync-all " << c.sync_all_streams << ", oversize segments peak " << c.oversize_segments_peak
+                      << ", full checks " << c.full_checks << ", captures " << c.captures << ", deferred frees "
+                      << c.deferred_frees);
+  CHECK(c.allocations > steps / 4);
+  CHECK(c.ooms > 0);
+  CHECK(c.pending_frees > 0);
+  CHECK(c.cross_stream_reuses > 0);
+  CHECK(c.alloc_retries > 0);
+  CHECK(c.sync_all_streams > 0);
+  CHECK(c.oversize_segments_peak > 0);
+  CHECK(c.captures > 0);
+  CHECK(c.deferred_frees > 0);
+}
+
+}  // namespace
+
+TEST_CASE("randomized: short differential run against the reference model", "[randomized]") {
+  const run_coverage c = run_seeds(1, 16, 12000, 1);
+  check_coverage(c, 16 * 12000);
+  CHECK(c.full_checks == 16 * 12000);
+}
+
+TEST_CASE("randomized: long differential run against the reference model", "[randomized][slow]") {
+  // Every step fully checked on one seed set, then long runs fully checked
+  // every 256 steps (the model's own checks run after every step anyway).
+  const run_coverage every_step = run_seeds(100, 64, 25000, 1);
+  check_coverage(every_step, 64 * 25000);
+  const run_coverage long_runs = run_seeds(1000, 100, 100000, 256);
+  check_coverage(long_runs, 100 * 100000);
+}
