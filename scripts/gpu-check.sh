@@ -6,7 +6,7 @@
 # logged; a failed step does not stop the later ones; the exit status is
 # non-zero when any step failed.
 #
-#   scripts/gpu-check.sh [step...]     steps: env build unit gpu pip pytest bench
+#   scripts/gpu-check.sh [step...]     steps: env build unit gpu pip pytest sanitizer bench
 #
 # Environment: PYTHON (default python3), JOBS (default 16), BUILD_DIR
 # (default <repo>/build-gpu), OUT (when set, the combined log and summary go
@@ -24,7 +24,7 @@ report_dir="${OUT:-$step_log_dir}"
 site_dir="$build_dir/pip-target"
 combined_log="$report_dir/gpu-check.log"
 summary_file="$report_dir/gpu-check-summary.txt"
-all_steps=(env build unit gpu pip pytest bench)
+all_steps=(env build unit gpu pip pytest sanitizer bench)
 
 mkdir -p "$step_log_dir" "$report_dir"
 : >"$combined_log"
@@ -159,6 +159,17 @@ step_pytest() {
   grep -Eq '[0-9]+ passed' "$log" || { echo "gpu-check: pytest passed no test" >&2; return 1; }
 }
 
+# The record_stream scenario (a tensor freed while a side-stream kernel still
+# uses it) under compute-sanitizer's memcheck: any invalid device access by
+# the kernels that run on recycled memory fails the step.
+step_sanitizer() {
+  command -v compute-sanitizer || { echo "gpu-check: compute-sanitizer is not on PATH" >&2; return 1; }
+  test -d "$site_dir" || { echo "gpu-check: the pip step did not install the package" >&2; return 1; }
+  cd "$repo_root/tests/python/scripts"
+  PYTHONPATH="$site_dir${PYTHONPATH:+:$PYTHONPATH}" timeout 300 \
+    compute-sanitizer --tool memcheck --error-exitcode 97 --print-limit 20 "$python_bin" streams.py
+}
+
 step_bench() {
   BUILD_DIR="$build_dir" PYTHON="$python_bin" bash "$repo_root/scripts/gpu-bench.sh"
 }
@@ -169,6 +180,7 @@ run_step unit step_unit
 run_step gpu step_gpu
 run_step pip step_pip
 run_step pytest step_pytest
+run_step sanitizer step_sanitizer
 if [[ -f "$repo_root/scripts/gpu-bench.sh" ]]; then
   run_step bench step_bench
 else

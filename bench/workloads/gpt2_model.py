@@ -104,7 +104,7 @@ def training_step(model, optimizer, idx, targets):
     """One bf16-autocast training step; returns the loss tensor."""
     with torch.autocast("cuda", dtype=torch.bfloat16):
         logits = model(idx)
-        loss = F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1))
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
     loss.backward()
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)

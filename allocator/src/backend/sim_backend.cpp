@@ -25,6 +25,9 @@ static_assert(static_cast<int>(sim_fault_point::vm_unmap) + 1 == k_sim_fault_poi
 // mistaken for device memory. Event and chunk handles live in their own
 // ranges so a handle passed in the wrong argument is rejected, not accepted.
 constexpr std::uintptr_t k_first_address = std::uintptr_t{1} << 40;
+// Each simulated device gets its own 1 TiB of addresses, as GPUs share one
+// unified address space: a pointer never belongs to two devices.
+constexpr std::uintptr_t k_device_address_span = std::uintptr_t{1} << 40;
 constexpr event_handle k_first_event = (event_handle{1} << 40) + 1;
 constexpr physical_handle k_first_chunk = (physical_handle{1} << 41) + 1;
 constexpr std::size_t k_segment_alignment = 2_MiB;
@@ -93,7 +96,7 @@ auto range_containing(range_map_type& ranges, std::uintptr_t address) -> decltyp
 }  // namespace
 
 sim_backend::sim_backend(sim_config config)
-    : config_(config), address_alignment_(k_segment_alignment), next_address_(k_first_address),
+    : config_(config), address_alignment_(k_segment_alignment), next_address_(k_first_address + k_device_address_span * static_cast<std::uintptr_t>(config.device_index)),
       next_event_(k_first_event), next_chunk_(k_first_chunk) {
   if (config_.virtual_memory) {
     // Real granularities are powers of two; the alignment arithmetic relies on it.
