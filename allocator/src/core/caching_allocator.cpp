@@ -91,6 +91,9 @@ void* caching_allocator::allocate(std::size_t bytes, stream_handle stream) {
 }
 
 void* caching_allocator::allocate_locked(std::size_t bytes, stream_handle stream, pool_id pool) {
+  // A pool released between routing and locking (or while its capture is
+  // still underway) serves nothing new: the request goes to the default pool.
+  if (pool != 0 && private_pools_.find(pool) == private_pools_.end()) pool = 0;
   std::size_t rounded = 0;
   if (!policy_.round(bytes, &rounded)) raise_oom_locked(bytes);
   free_block_set& free_set = pool_for_locked(pool, policy_.is_small(rounded));
@@ -153,8 +156,8 @@ void* caching_allocator::allocate_locked(std::size_t bytes, stream_handle stream
 
 block* caching_allocator::find_free_block_locked(free_block_set& free_set, std::size_t rounded, stream_handle stream) {
   auto it = free_set.lower_bound(block_key{stream, rounded, 0});
-  if (it == free_set.end() || (*it)->stream != stream) return nullptr;
-  block* b = *it;
+  if (it == free_set.end() || it->key.stream != stream) return nullptr;
+  block* b = it->b;
   if (!policy_.may_reuse(b->size, rounded)) return nullptr;
   erase_free_locked(b);
   return b;
@@ -166,12 +169,12 @@ block* caching_allocator::borrow_from_other_stream_locked(free_block_set& free_s
   // Visit each stream present in the set once: best fit within it, then
   // jump past all of its blocks.
   for (auto it = free_set.begin(); it != free_set.end();) {
-    const stream_handle other = (*it)->stream;
+    const stream_handle other = it->key.stream;
     if (other != stream) {
       auto candidate = free_set.lower_bound(block_key{other, rounded, 0});
-      if (candidate != free_set.end() && (*candidate)->stream == other && policy_.may_reuse((*candidate)->size, rounded) &&
-          (best == nullptr || (*candidate)->size < best->size)) {
-        best = *candidate;
+      if (candidate != free_set.end() && candidate->key.stream == other &&
+          policy_.may_reuse(candidate->key.size, rounded) && (best == nullptr || candidate->key.size < best->size)) {
+        best = candidate->b;
       }
     }
     it = free_set.upper_bound(block_key{other, k_max_size, std::numeric_limits<std::uintptr_t>::max()});
@@ -390,7 +393,7 @@ void caching_allocator::return_to_pool_locked(block* b) {
 }
 
 void caching_allocator::insert_free_locked(block* b) {
-  b->owner->free_set->insert(b);
+  b->free_position = b->owner->free_set->insert(free_entry{key_of(b), b}).first;
   if (b->is_split()) {
     b->counted_inactive_split = true;
     update_stat(stats_.inactive_split, b->owner, 1);
@@ -399,7 +402,7 @@ void caching_allocator::insert_free_locked(block* b) {
 }
 
 void caching_allocator::erase_free_locked(block* b) {
-  b->owner->free_set->erase(b);
+  b->owner->free_set->erase(b->free_position);
   if (b->counted_inactive_split) {
     b->counted_inactive_split = false;
     update_stat(stats_.inactive_split, b->owner, -1);
@@ -423,8 +426,8 @@ bool caching_allocator::release_available_oversize_locked(std::size_t rounded, p
   if (config_.max_split_bytes == k_max_size) return false;
   if (pool != 0 && !pool_releasable_locked(pool)) return false;
   std::vector<block*> whole;  // unsplit oversize blocks, i.e. whole unused segments
-  for (block* b : pool_for_locked(pool, false)) {
-    if (policy_.is_oversize(b->size) && !b->is_split()) whole.push_back(b);
+  for (const free_entry& entry : pool_for_locked(pool, false)) {
+    if (policy_.is_oversize(entry.key.size) && !entry.b->is_split()) whole.push_back(entry.b);
   }
   if (whole.empty()) return false;
   std::sort(whole.begin(), whole.end(), [](const block* a, const block* b) { return a->size < b->size; });
@@ -632,9 +635,9 @@ void caching_allocator::fill_fragmentation_locked(device_stats* out) const {
   std::size_t largest = 0;
   std::size_t total = 0;
   for_each_free_set_locked([&](const free_block_set& set) {
-    for (const block* b : set) {
-      largest = std::max(largest, b->size);
-      total += b->size;
+    for (const free_entry& entry : set) {
+      largest = std::max(largest, entry.key.size);
+      total += entry.key.size;
     }
   });
   out->largest_free_block_bytes = static_cast<std::int64_t>(largest);
@@ -807,8 +810,9 @@ void caching_allocator::validate() const {
       if (b->is_free()) {
         ++free_blocks;
         if (s->free_set != &pool_for_locked(s->pool, s->is_small)) fail("segment points at another pool's free set");
-        auto found = s->free_set->find(block_order::key(b));
-        if (found == s->free_set->end() || *found != b) fail("free block missing from its pool");
+        auto found = s->free_set->find(key_of(b));
+        if (found == s->free_set->end() || found->b != b) fail("free block missing from its pool");
+        if (b->free_position != found) fail("free block's remembered position is stale");
         if (b->next != nullptr && b->next->is_free() && b->next->stream == b->stream) fail("adjacent free blocks of one stream not coalesced");
         if (b->counted_inactive_split != b->is_split()) fail("inactive-split bookkeeping out of date");
         if (b->is_split()) {
@@ -823,8 +827,12 @@ void caching_allocator::validate() const {
   std::size_t set_members = 0;
   for_each_free_set_locked([&](const free_block_set& set) {
     set_members += set.size();
-    for (const block* b : set) {
-      if (!b->is_free()) fail("non-free block in a free set");
+    for (const free_entry& entry : set) {
+      if (!entry.b->is_free()) fail("non-free block in a free set");
+      const block_key actual = key_of(entry.b);
+      if (block_order::less(entry.key, actual) || block_order::less(actual, entry.key)) {
+        fail("a free set's copy of a block's key is out of date");
+      }
     }
   });
   if (set_members != free_blocks) fail("free sets hold blocks that are not in any segment");

@@ -27,6 +27,36 @@
 namespace streamalloc {
 
 struct segment;
+struct block;
+
+// A search position in a free-block set: (stream, size, address).
+struct block_key {
+  stream_handle stream;
+  std::size_t size;
+  std::uintptr_t address;
+};
+
+// A free block as its pool's set holds it: the ordering key is copied into
+// the tree node so a search never has to load the blocks it passes.
+struct free_entry {
+  block_key key;
+  block* b;
+};
+
+// Orders free blocks so lower_bound({stream, size, 0}) is the best fit.
+struct block_order {
+  using is_transparent = void;
+  static bool less(const block_key& a, const block_key& b) {
+    if (a.stream != b.stream) return a.stream < b.stream;
+    if (a.size != b.size) return a.size < b.size;
+    return a.address < b.address;
+  }
+  bool operator()(const free_entry& a, const free_entry& b) const { return less(a.key, b.key); }
+  bool operator()(const free_entry& a, const block_key& b) const { return less(a.key, b); }
+  bool operator()(const block_key& a, const free_entry& b) const { return less(a, b.key); }
+};
+
+using free_block_set = std::set<free_entry, block_order, recycling_allocator<free_entry>>;
 
 struct block {
   std::uintptr_t address = 0;
@@ -40,34 +70,15 @@ struct block {
   bool counted_inactive_split = false;  // contributes to inactive_split stats
   int pending_events = 0;               // > 0: pending free
   std::vector<stream_handle> stream_uses;
+  // Where the block sits in its pool's set while free, so leaving the pool
+  // needs no search.
+  free_block_set::iterator free_position;
 
   bool is_free() const { return !allocated && pending_events == 0; }
   bool is_split() const { return prev != nullptr || next != nullptr; }
 };
 
-
-// A search position in a free-block set: (stream, size, address).
-struct block_key {
-  stream_handle stream;
-  std::size_t size;
-  std::uintptr_t address;
-};
-
-// Orders free blocks so lower_bound({stream, size, 0}) is the best fit.
-struct block_order {
-  using is_transparent = void;
-  static bool less(const block_key& a, const block_key& b) {
-    if (a.stream != b.stream) return a.stream < b.stream;
-    if (a.size != b.size) return a.size < b.size;
-    return a.address < b.address;
-  }
-  static block_key key(const block* b) { return {b->stream, b->size, b->address}; }
-  bool operator()(const block* a, const block* b) const { return less(key(a), key(b)); }
-  bool operator()(const block* a, const block_key& b) const { return less(key(a), b); }
-  bool operator()(const block_key& a, const block* b) const { return less(a, key(b)); }
-};
-
-using free_block_set = std::set<block*, block_order, recycling_allocator<block*>>;
+inline block_key key_of(const block* b) { return {b->stream, b->size, b->address}; }
 
 struct segment {
   std::uintptr_t address = 0;

@@ -82,8 +82,8 @@ class caching_allocator {
  private:
   struct pool_pair {
     explicit pool_pair(node_recycler* recycler)
-        : small(block_order{}, recycling_allocator<block*>(recycler)),
-          large(block_order{}, recycling_allocator<block*>(recycler)) {}
+        : small(block_order{}, recycling_allocator<free_entry>(recycler)),
+          large(block_order{}, recycling_allocator<free_entry>(recycler)) {}
     free_block_set small;
     free_block_set large;
   };
