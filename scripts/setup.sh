@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Installs what the CPU build needs (Debian packages, PyPI packages) when it
-# is missing, then configures and builds the default preset into build/.
-# Safe to run again: it installs nothing that is already there.
+# Installs what the CPU build and tests need (Debian packages, PyPI
+# packages) when it is missing, then configures and builds the default
+# preset into build/. Safe to run again: it installs nothing twice.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -12,6 +12,12 @@ command -v g++ >/dev/null || need_apt+=(g++)
 command -v python3 >/dev/null || need_apt+=(python3 python3-pip)
 [ -f /usr/include/zlib.h ] || need_apt+=(zlib1g-dev)
 [ -f /usr/include/catch2/catch.hpp ] || [ -f /usr/include/catch2/catch_all.hpp ] || need_apt+=(catch2)
+# clang and its runtime (libFuzzer, sanitizers) for scripts/fuzz.sh
+if command -v clang++ >/dev/null; then
+  [ -f "$(clang++ -print-runtime-dir 2>/dev/null)/libclang_rt.fuzzer-x86_64.a" ] || need_apt+=(libclang-rt-dev)
+else
+  need_apt+=(clang libclang-rt-dev)
+fi
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "setup: installing ${need_apt[*]}"
   SUDO=""

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Sets up, builds and runs every CPU test: the Catch2 suites through ctest
 # (unit tests on the simulated device; [gpu] tests skip visibly without a
-# GPU), the sanitizer builds, and the Python tests (which skip visibly
-# without torch or a GPU). Exits non-zero on any failure.
+# GPU), the sanitizer builds, a short libFuzzer run (when clang is there)
+# and the Python tests (which skip visibly without torch or a GPU). Exits
+# non-zero on any failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -19,6 +20,9 @@ cmake --preset asan >/dev/null && cmake --build --preset asan -j "$(nproc)" --ta
 echo "== TSan: multi-threaded tests"
 cmake --preset tsan >/dev/null && cmake --build --preset tsan -j "$(nproc)" --target unit_tests &&
   TSAN_OPTIONS="halt_on_error=1" build-tsan/bin/unit_tests "[threads]" || failed=1
+
+echo "== libFuzzer harnesses (clang): 20 s each"
+scripts/fuzz.sh 20 || failed=1
 
 echo "== pytest"
 set +e

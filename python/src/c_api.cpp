@@ -78,7 +78,9 @@ void streamalloc_free(void* ptr, ssize_t size, int device, cudaStream_t stream) 
   // The block remembers its size and stream; torch passes both anyway.
   (void)size, (void)stream;
   clear_error();
-  if (ptr == nullptr) return;
+  // In a forked child the block belongs to the parent's CUDA context: the
+  // free is a no-op (Note [fork] in process_allocator.cpp).
+  if (ptr == nullptr || in_forked_child()) return;
   caching_allocator* allocator = created_allocator(device);
   if (allocator == nullptr) {
     record_error("streamalloc_free: %p was not allocated by streamalloc on CUDA device %d", ptr, device);

@@ -21,7 +21,15 @@ device_allocators& process_allocators();
 bool process_allocators_created();
 
 // The process allocators if created, else nullptr; never creates anything.
+// Always nullptr in a forked child (see in_forked_child).
 device_allocators* find_process_allocators();
+
+// Whether this process was forked from one whose allocators existed (CUDA
+// was in use). There process_allocators() throws device_failure with
+// "streamalloc: CUDA cannot be used in a forked child process; use the
+// 'spawn' start method", and frees must be no-ops: the blocks belong to
+// the parent's CUDA context.
+bool in_forked_child();
 
 // Replaces the configuration the allocators will be created with (the
 // caller layers it on STREAMALLOC_CONF, e.g. from_environment().with(...)).

@@ -97,6 +97,8 @@ void* tag(void* ptr, c10::DeviceIndex device) {
 // free on stderr instead of throwing; a failure means a bug, never a normal
 // condition.
 void delete_tagged(void* context) {
+  // Note [fork] in process_allocator.cpp: the parent's blocks are not ours.
+  if (in_forked_child()) return;
   const auto bits = reinterpret_cast<std::uintptr_t>(context);
   const int device = static_cast<int>(bits & k_device_tag_mask);
   void* ptr = reinterpret_cast<void*>(bits & ~k_device_tag_mask);
@@ -358,6 +360,7 @@ void* torch_allocator::allocate_on(c10::DeviceIndex device, std::size_t bytes, c
 }
 
 void torch_allocator::free_on(c10::DeviceIndex device, void* ptr) {
+  if (in_forked_child()) return;
   try {
     allocator_of(device).free(ptr);
   } catch (...) {
@@ -400,7 +403,7 @@ void* torch_allocator::raw_alloc_with_stream(std::size_t bytes, cudaStream_t str
 }
 
 void torch_allocator::raw_delete(void* ptr) {
-  if (ptr == nullptr) return;
+  if (ptr == nullptr || in_forked_child()) return;
   // A raw pointer carries no device: the current one is the likely owner.
   c10::DeviceIndex current = -1;
   C10_CUDA_CHECK(c10::cuda::GetDevice(&current));

@@ -8,6 +8,7 @@
 
 #include <string>
 
+#include "streamalloc/backend/cuda_device_guard.hpp"
 #include "streamalloc/streams/host_memory.hpp"
 
 namespace streamalloc {
@@ -46,28 +47,6 @@ status failure(cudaError_t error, const std::string& what) {
   return {code_for(error), what + " failed: " + cudaGetErrorName(error) + ": " + cudaGetErrorString(error)};
 }
 
-class device_guard {
- public:
-  explicit device_guard(int device) {
-    int current = -1;
-    error_ = cudaGetDevice(&current);
-    if (error_ != cudaSuccess || current == device) return;
-    error_ = cudaSetDevice(device);
-    if (error_ == cudaSuccess) previous_ = current;
-  }
-  ~device_guard() {
-    if (previous_ >= 0 && cudaSetDevice(previous_) != cudaSuccess) (void)cudaGetLastError();
-  }
-  device_guard(const device_guard&) = delete;
-  device_guard& operator=(const device_guard&) = delete;
-
-  cudaError_t error() const { return error_; }
-
- private:
-  cudaError_t error_ = cudaSuccess;
-  int previous_ = -1;
-};
-
 }  // namespace
 
 cuda_host_backend::cuda_host_backend(int touch_threads) : touch_threads_(touch_threads) {}
@@ -104,7 +83,7 @@ status cuda_host_backend::release_pinned(void* ptr, std::size_t bytes, pin_metho
 }
 
 status cuda_host_backend::create_event(int device, event_handle* out) {
-  device_guard guard(device);
+  cuda_device_guard guard(device);
   if (guard.error() != cudaSuccess) return failure(guard.error(), "selecting CUDA device " + std::to_string(device));
   cudaEvent_t event = nullptr;
   const cudaError_t error = cudaEventCreateWithFlags(&event, cudaEventDisableTiming);
@@ -115,7 +94,7 @@ status cuda_host_backend::create_event(int device, event_handle* out) {
 
 status cuda_host_backend::destroy_event(event_handle handle) {
   cuda_event* e = as_event(handle);
-  device_guard guard(e->device);
+  cuda_device_guard guard(e->device);
   const cudaError_t error = cudaEventDestroy(e->event);
   delete e;
   if (error != cudaSuccess) return failure(error, "cudaEventDestroy");
@@ -124,7 +103,7 @@ status cuda_host_backend::destroy_event(event_handle handle) {
 
 status cuda_host_backend::record_event(event_handle handle, stream_handle stream) {
   cuda_event* e = as_event(handle);
-  device_guard guard(e->device);
+  cuda_device_guard guard(e->device);
   if (guard.error() != cudaSuccess) return failure(guard.error(), "selecting CUDA device " + std::to_string(e->device));
   const cudaError_t error = cudaEventRecord(e->event, reinterpret_cast<cudaStream_t>(stream));
   if (error != cudaSuccess) return failure(error, "cudaEventRecord on device " + std::to_string(e->device));
@@ -149,7 +128,7 @@ status cuda_host_backend::synchronize_event(event_handle handle) {
 
 status cuda_host_backend::copy_to_device_async(void* device_dst, const void* pinned_src, std::size_t bytes,
                                                stream_handle stream, int device) {
-  device_guard guard(device);
+  cuda_device_guard guard(device);
   if (guard.error() != cudaSuccess) return failure(guard.error(), "selecting CUDA device " + std::to_string(device));
   const cudaError_t error =
       cudaMemcpyAsync(device_dst, pinned_src, bytes, cudaMemcpyHostToDevice, reinterpret_cast<cudaStream_t>(stream));
@@ -158,7 +137,7 @@ status cuda_host_backend::copy_to_device_async(void* device_dst, const void* pin
 }
 
 status cuda_host_backend::synchronize_device(int device) {
-  device_guard guard(device);
+  cuda_device_guard guard(device);
   if (guard.error() != cudaSuccess) return failure(guard.error(), "selecting CUDA device " + std::to_string(device));
   const cudaError_t error = cudaDeviceSynchronize();
   if (error != cudaSuccess) return failure(error, "cudaDeviceSynchronize on device " + std::to_string(device));

@@ -223,14 +223,3 @@ def test_bad_options_and_early_calls_are_explained(scripts):
     assert "max_split_size_mb" in run["keys"]
     assert run["install"] is None and run["is_installed"]
     assert run["computed_after"] == 8.0
-
-
-# --- exit ---------------------------------------------------------------------------------
-
-
-def test_exit_with_memory_in_use_is_clean(scripts):
-    run = scripts.run("exit_live.py", timeout=120)
-    assert run.returncode == 0, run.describe()
-    assert run.result == {"live_tensors": 4, "graph_output": 256}
-    assert "could not free" not in run.stderr, run.describe()
-    assert "terminate called" not in run.stderr, run.describe()

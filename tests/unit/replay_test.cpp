@@ -19,6 +19,7 @@
 #include "streamalloc/core/caching_allocator.hpp"
 #include "streamalloc/core/config.hpp"
 #include "support/catch.hpp"
+#include "support/temp_dir.hpp"
 #include "trace_reader.hpp"
 #include "trace_replay.hpp"
 
@@ -73,32 +74,7 @@ std::size_t peak_live_bytes(const std::vector<trace_event>& events) {
 
 bool shared_trace_present() { return fs::exists(k_shared_trace); }
 
-// A scratch directory for small trace files, removed afterwards.
-class temp_dir {
- public:
-  temp_dir() {
-    std::string pattern = (fs::temp_directory_path() / "streamalloc_replay_XXXXXX").string();
-    if (mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp failed for " + pattern);
-    path_ = pattern;
-  }
-  ~temp_dir() {
-    std::error_code ignored;
-    fs::remove_all(path_, ignored);
-  }
-  temp_dir(const temp_dir&) = delete;
-  temp_dir& operator=(const temp_dir&) = delete;
-
-  std::string write(const std::string& name, const std::string& content) const {
-    const std::string path = (path_ / name).string();
-    std::ofstream out(path, std::ios::binary);
-    out << content;
-    if (!out) throw std::runtime_error("cannot write " + path);
-    return path;
-  }
-
- private:
-  fs::path path_;
-};
+using streamalloc::test::temp_dir;
 
 struct command_result {
   int exit_code = -1;

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "support/catch.hpp"
+#include "support/temp_dir.hpp"
 #include "trace_reader.hpp"
 
 namespace {
@@ -24,46 +25,7 @@ using streamalloc::trace_reader;
 
 namespace fs = std::filesystem;
 
-// A fresh directory under the system temp dir, removed with its files.
-class temp_dir {
- public:
-  temp_dir() {
-    std::string pattern = (fs::temp_directory_path() / "streamalloc_trace_XXXXXX").string();
-    if (mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp failed for " + pattern);
-    path_ = pattern;
-  }
-  ~temp_dir() {
-    std::error_code ignored;
-    fs::remove_all(path_, ignored);
-  }
-  temp_dir(const temp_dir&) = delete;
-  temp_dir& operator=(const temp_dir&) = delete;
-
-  std::string write_plain(const std::string& name, const std::string& content) const {
-    const std::string path = (path_ / name).string();
-    std::ofstream out(path, std::ios::binary);
-    out << content;
-    if (!out) throw std::runtime_error("cannot write " + path);
-    return path;
-  }
-  std::string write_gzip(const std::string& name, const std::string& content) const {
-    const std::string path = (path_ / name).string();
-    gzFile file = gzopen(path.c_str(), "wb");
-    if (file == nullptr) throw std::runtime_error("gzopen failed for " + path);
-    const int written = gzwrite(file, content.data(), static_cast<unsigned>(content.size()));
-    if (gzclose(file) != Z_OK || written != static_cast<int>(content.size())) {
-      throw std::runtime_error("gzwrite failed for " + path);
-    }
-    return path;
-  }
-  std::string read_bytes(const std::string& path) const {
-    std::ifstream in(path, std::ios::binary);
-    return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-  }
-
- private:
-  fs::path path_;
-};
+using streamalloc::test::temp_dir;
 
 const std::string k_header = "action,addr,size,stream\n";
 
@@ -113,7 +75,7 @@ TEST_CASE("trace_reader reads every action, plain and gzip'd", "[trace_reader]")
       "oom,1024,2048,0\n"
       "snapshot,0,0,0";  // the last line has no newline
   temp_dir dir;
-  const std::string plain = dir.write_plain("t.csv", k_header + body);
+  const std::string plain = dir.write("t.csv", k_header + body);
   const std::string gzipped = dir.write_gzip("t.csv.gz", k_header + body);
 
   for (const std::string& path : {plain, gzipped}) {
@@ -165,7 +127,7 @@ TEST_CASE("trace_reader streams events one at a time", "[trace_reader]") {
 
 TEST_CASE("trace_reader accepts CRLF line ends and a missing final newline", "[trace_reader]") {
   temp_dir dir;
-  const std::string path = dir.write_plain("crlf.csv", "action,addr,size,stream\r\nalloc,1,2,3\r\nfree_completed,1,2,3");
+  const std::string path = dir.write("crlf.csv", "action,addr,size,stream\r\nalloc,1,2,3\r\nfree_completed,1,2,3");
   const std::vector<trace_event> events = load_trace(path);
   REQUIRE(events.size() == 2);
   CHECK(events[0].stream == 3);
@@ -201,7 +163,7 @@ TEST_CASE("trace_reader names the file and line of each malformed line", "[trace
   for (const bad_line& bad : cases) {
     const std::string content = k_header + "alloc,7,512,0\n" + bad.text + "\nfree_completed,7,512,0\n";
     const std::string name = "bad" + std::to_string(index++);
-    for (const std::string& path : {dir.write_plain(name + ".csv", content), dir.write_gzip(name + ".csv.gz", content)}) {
+    for (const std::string& path : {dir.write(name + ".csv", content), dir.write_gzip(name + ".csv.gz", content)}) {
       INFO("line: '" << bad.text << "' in " << path);
       const read_outcome outcome = read_until_error(path);
       CAPTURE(outcome.error);
@@ -228,7 +190,7 @@ TEST_CASE("trace_reader rejects a missing or wrong header on line 1", "[trace_re
   int index = 0;
   for (const bad_header& bad : cases) {
     const std::string name = "header" + std::to_string(index++);
-    for (const std::string& path : {dir.write_plain(name + ".csv", bad.content), dir.write_gzip(name + ".gz", bad.content)}) {
+    for (const std::string& path : {dir.write(name + ".csv", bad.content), dir.write_gzip(name + ".gz", bad.content)}) {
       INFO(path);
       try {
         trace_reader reader(path);
@@ -245,7 +207,7 @@ TEST_CASE("trace_reader rejects a missing or wrong header on line 1", "[trace_re
 
 TEST_CASE("trace_reader reports a file that cannot be opened", "[trace_reader]") {
   temp_dir dir;
-  const std::string path = dir.write_plain("exists.csv", k_header) + ".missing";
+  const std::string path = dir.write("exists.csv", k_header) + ".missing";
   try {
     load_trace(path);
     FAIL("no error for a missing file");
@@ -262,7 +224,7 @@ TEST_CASE("trace_reader reports a truncated gzip stream at the line where it end
   REQUIRE(bytes.size() > 1000);
 
   SECTION("cut in the middle of the deflate data") {
-    const std::string cut = dir.write_plain("cut.csv.gz", bytes.substr(0, bytes.size() / 2));
+    const std::string cut = dir.write("cut.csv.gz", bytes.substr(0, bytes.size() / 2));
     const read_outcome outcome = read_until_error(cut);
     CAPTURE(outcome.error);
     CHECK(outcome.events.size() > 1000);
@@ -272,7 +234,7 @@ TEST_CASE("trace_reader reports a truncated gzip stream at the line where it end
     CHECK(outcome.error.rfind(cut + ":" + std::to_string(outcome.error_line) + ": truncated gzip stream", 0) == 0);
   }
   SECTION("only the gzip trailer missing") {
-    const std::string cut = dir.write_plain("no_trailer.csv.gz", bytes.substr(0, bytes.size() - 8));
+    const std::string cut = dir.write("no_trailer.csv.gz", bytes.substr(0, bytes.size() - 8));
     const read_outcome outcome = read_until_error(cut);
     CAPTURE(outcome.error);
     CHECK(outcome.events.size() == 40000);
@@ -282,7 +244,7 @@ TEST_CASE("trace_reader reports a truncated gzip stream at the line where it end
   SECTION("a damaged checksum") {
     std::string damaged = bytes;
     damaged[damaged.size() - 8] = static_cast<char>(damaged[damaged.size() - 8] ^ 0x5a);
-    const read_outcome outcome = read_until_error(dir.write_plain("bad_crc.csv.gz", damaged));
+    const read_outcome outcome = read_until_error(dir.write("bad_crc.csv.gz", damaged));
     CAPTURE(outcome.error);
     CHECK(outcome.error.find("corrupt gzip stream") != std::string::npos);
   }

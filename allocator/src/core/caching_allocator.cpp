@@ -700,6 +700,10 @@ std::size_t caching_allocator::allocation_size(const void* ptr) const {
   return b->size;
 }
 
+void caching_allocator::lock_for_fork() { mutex_.lock(); }
+
+void caching_allocator::unlock_after_fork() { mutex_.unlock(); }
+
 std::string caching_allocator::describe_unknown_pointer_locked(const void* ptr) const {
   const std::uintptr_t address = to_address(ptr);
   std::ostringstream out;

@@ -3,6 +3,7 @@
 // throws or aborts. The slow paths (segment growth, release, device-wide
 // synchronize) are NVTX ranges in domain "streamalloc" for Nsight traces.
 #include "streamalloc/backend/cuda_backend.hpp"
+#include "streamalloc/backend/cuda_device_guard.hpp"
 
 #include <cuda_runtime_api.h>
 #include <nvtx3/nvToolsExt.h>
@@ -50,31 +51,6 @@ status failure(cudaError_t error, int device, const std::string& what) {
   (void)cudaGetLastError();
   return {code_for(error), what + " on CUDA device " + std::to_string(device) + " failed: " + describe(error)};
 }
-
-// Makes `device` current for one call and restores the caller's device, so
-// the backend never changes which device the rest of the thread works on.
-class device_guard {
- public:
-  explicit device_guard(int device) {
-    int current = -1;
-    error_ = cudaGetDevice(&current);
-    if (error_ != cudaSuccess || current == device) return;
-    error_ = cudaSetDevice(device);
-    if (error_ == cudaSuccess) previous_ = current;
-  }
-  ~device_guard() {
-    if (previous_ >= 0 && cudaSetDevice(previous_) != cudaSuccess) (void)cudaGetLastError();
-  }
-  device_guard(const device_guard&) = delete;
-  device_guard& operator=(const device_guard&) = delete;
-
-  bool ok() const { return error_ == cudaSuccess; }
-  cudaError_t error() const { return error_; }
-
- private:
-  cudaError_t error_ = cudaSuccess;
-  int previous_ = -1;
-};
 
 // Switches this thread to relaxed stream-capture mode for its lifetime: a
 // segment may have to grow while a CUDA graph is being captured, and
@@ -138,7 +114,7 @@ cudaEvent_t to_event(event_handle event) { return reinterpret_cast<cudaEvent_t>(
 status cuda_backend::allocate_segment(std::size_t bytes, void** out) {
   if (out == nullptr || bytes == 0) return {status_code::invalid_argument, "allocate_segment needs bytes > 0 and an output"};
   trace_range range(names().grow, bytes);
-  device_guard guard(device_);
+  cuda_device_guard guard(device_);
   if (!guard.ok()) return failure(guard.error(), device_, "cudaSetDevice");
   void* ptr = nullptr;
   relaxed_capture_mode relaxed;
@@ -151,7 +127,7 @@ status cuda_backend::allocate_segment(std::size_t bytes, void** out) {
 status cuda_backend::free_segment(void* ptr, std::size_t bytes) {
   if (ptr == nullptr) return {status_code::invalid_argument, "free_segment of a null pointer"};
   trace_range range(names().release, bytes);
-  device_guard guard(device_);
+  cuda_device_guard guard(device_);
   if (!guard.ok()) return failure(guard.error(), device_, "cudaSetDevice");
   const cudaError_t error = cudaFree(ptr);
   if (error != cudaSuccess) return failure(error, device_, "cudaFree(" + format_bytes(bytes) + ")");
@@ -160,7 +136,7 @@ status cuda_backend::free_segment(void* ptr, std::size_t bytes) {
 
 status cuda_backend::memory_info(device_memory_info* out) {
   if (out == nullptr) return {status_code::invalid_argument, "memory_info needs an output"};
-  device_guard guard(device_);
+  cuda_device_guard guard(device_);
   if (!guard.ok()) return failure(guard.error(), device_, "cudaSetDevice");
   std::size_t free_bytes = 0;
   std::size_t total_bytes = 0;
@@ -175,7 +151,7 @@ status cuda_backend::memory_info(device_memory_info* out) {
 status cuda_backend::create_event(event_handle* out) {
   if (out == nullptr) return {status_code::invalid_argument, "create_event needs an output"};
   // Events belong to the device current at creation.
-  device_guard guard(device_);
+  cuda_device_guard guard(device_);
   if (!guard.ok()) return failure(guard.error(), device_, "cudaSetDevice");
   cudaEvent_t event = nullptr;
   const cudaError_t error = cudaEventCreateWithFlags(&event, cudaEventDisableTiming);
@@ -185,7 +161,7 @@ status cuda_backend::create_event(event_handle* out) {
 }
 
 status cuda_backend::destroy_event(event_handle event) {
-  device_guard guard(device_);
+  cuda_device_guard guard(device_);
   if (!guard.ok()) return failure(guard.error(), device_, "cudaSetDevice");
   const cudaError_t error = cudaEventDestroy(to_event(event));
   if (error != cudaSuccess) return failure(error, device_, "cudaEventDestroy");
@@ -194,7 +170,7 @@ status cuda_backend::destroy_event(event_handle event) {
 
 status cuda_backend::record_event(event_handle event, stream_handle stream) {
   // Stream 0 means the default stream of the *current* device.
-  device_guard guard(device_);
+  cuda_device_guard guard(device_);
   if (!guard.ok()) return failure(guard.error(), device_, "cudaSetDevice");
   const cudaError_t error = cudaEventRecord(to_event(event), to_stream(stream));
   if (error != cudaSuccess) return failure(error, device_, "cudaEventRecord");
@@ -224,7 +200,7 @@ status cuda_backend::synchronize_event(event_handle event) {
 }
 
 status cuda_backend::stream_wait_event(stream_handle stream, event_handle event) {
-  device_guard guard(device_);
+  cuda_device_guard guard(device_);
   if (!guard.ok()) return failure(guard.error(), device_, "cudaSetDevice");
   const cudaError_t error = cudaStreamWaitEvent(to_stream(stream), to_event(event), 0);
   if (error != cudaSuccess) return failure(error, device_, "cudaStreamWaitEvent");
@@ -233,7 +209,7 @@ status cuda_backend::stream_wait_event(stream_handle stream, event_handle event)
 
 status cuda_backend::synchronize_device() {
   trace_range range(names().synchronize, 0);
-  device_guard guard(device_);
+  cuda_device_guard guard(device_);
   if (!guard.ok()) return failure(guard.error(), device_, "cudaSetDevice");
   const cudaError_t error = cudaDeviceSynchronize();
   if (error != cudaSuccess) return failure(error, device_, "cudaDeviceSynchronize");
@@ -272,7 +248,7 @@ std::unique_ptr<device_backend> make_cuda_backend(int device, status* error) {
   }
   // Making the device current once creates its context, so a device that
   // cannot be used is reported here rather than at the first allocation.
-  device_guard guard(device);
+  cuda_device_guard guard(device);
   if (!guard.ok()) {
     const status failed = failure(guard.error(), device, "cudaSetDevice");
     if (error != nullptr) *error = failed;

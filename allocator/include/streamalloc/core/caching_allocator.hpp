@@ -75,6 +75,13 @@ class caching_allocator {
   // std::logic_error describing the first violation.
   void validate() const;
 
+  // --- fork support (pthread_atfork handlers of the process allocator) ---
+  // Takes the allocator's lock, so no other thread is inside it when the
+  // process forks; unlock_after_fork() releases it, in the parent and in
+  // the child (whose only thread is the one that forked).
+  void lock_for_fork();
+  void unlock_after_fork();
+
   int device() const { return backend_.device_index(); }
   const allocator_config& config() const { return config_; }
   device_backend& backend() { return backend_; }

@@ -1,0 +1,62 @@
+// libFuzzer harness for the STREAMALLOC_CONF parser: any input either fails
+// with config_error or gives a config that validates, renders back to text
+// that parses to the same config, and drives a working allocator.
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include "streamalloc/backend/sim_backend.hpp"
+#include "streamalloc/core/caching_allocator.hpp"
+#include "streamalloc/core/config.hpp"
+#include "streamalloc/util/bytes.hpp"
+#include "streamalloc/util/errors.hpp"
+
+namespace {
+
+using namespace streamalloc;
+
+void require(bool ok, const char* what, const std::string& text) {
+  if (ok) return;
+  std::fprintf(stderr, "fuzz_config: %s for input '%s'\n", what, text.c_str());
+  std::abort();
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  const std::string text(reinterpret_cast<const char*>(data), size);
+  allocator_config config;
+  try {
+    config = allocator_config::parse(text);
+  } catch (const config_error&) {
+    return 0;
+  }
+  config.validate();
+  const std::string rendered = config.to_string();
+  require(allocator_config::parse(rendered).to_string() == rendered, "to_string does not round-trip", text);
+
+  // Whatever parses must make an allocator that serves requests (or runs
+  // out of memory cleanly: segment sizes and the fraction are configurable)
+  // and gives everything back.
+  sim_config device;
+  device.capacity_bytes = 4_GiB;
+  sim_backend sim(device);
+  caching_allocator alloc(sim, config);
+  const stream_handle stream = sim.new_stream();
+  for (std::size_t bytes : {std::size_t{1}, 3_MiB, 30_MiB}) {
+    void* p = nullptr;
+    try {
+      p = alloc.allocate(bytes, stream);
+    } catch (const out_of_memory&) {
+      continue;
+    }
+    require(alloc.allocation_size(p) >= bytes, "allocation smaller than requested", text);
+    alloc.free(p);
+  }
+  alloc.empty_cache();
+  alloc.validate();
+  require(sim.used_bytes() == 0, "empty_cache left device memory", text);
+  return 0;
+}
