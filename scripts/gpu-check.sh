@@ -163,7 +163,8 @@ step_pytest() {
 # uses it) under compute-sanitizer's memcheck: any invalid device access by
 # the kernels that run on recycled memory fails the step.
 step_sanitizer() {
-  command -v compute-sanitizer || { echo "gpu-check: compute-sanitizer is not on PATH" >&2; return 1; }
+  export PATH="$PATH:/usr/local/cuda/bin"
+  command -v compute-sanitizer || { echo "gpu-check: compute-sanitizer is not on PATH or in /usr/local/cuda/bin" >&2; return 1; }
   test -d "$site_dir" || { echo "gpu-check: the pip step did not install the package" >&2; return 1; }
   cd "$repo_root/tests/python/scripts"
   PYTHONPATH="$site_dir${PYTHONPATH:+:$PYTHONPATH}" timeout 300 \
