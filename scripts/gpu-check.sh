@@ -167,7 +167,7 @@ step_sanitizer() {
   command -v compute-sanitizer || { echo "gpu-check: compute-sanitizer is not on PATH or in /usr/local/cuda/bin" >&2; return 1; }
   test -d "$site_dir" || { echo "gpu-check: the pip step did not install the package" >&2; return 1; }
   cd "$repo_root/tests/python/scripts"
-  PYTHONPATH="$site_dir${PYTHONPATH:+:$PYTHONPATH}" timeout 300 \
+  PYTHONPATH="$site_dir${PYTHONPATH:+:$PYTHONPATH}" timeout 150 \
     compute-sanitizer --tool memcheck --error-exitcode 97 --print-limit 20 "$python_bin" streams.py
 }
 
