@@ -35,6 +35,17 @@ struct sim_devices {
   }
 };
 
+// The message of the exception `action` throws ("" if none).
+template <typename fn>
+std::string error_of(fn&& action) {
+  try {
+    action();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+
 }  // namespace
 
 TEST_CASE("device_allocators: each device has its own allocator, memory and stats", "[device_allocators]") {
@@ -75,7 +86,7 @@ TEST_CASE("device_allocators: each device has its own allocator, memory and stat
 TEST_CASE("device_allocators: a device index that does not exist is a clear error", "[device_allocators]") {
   sim_devices devices;
   device_allocators all(1, devices.factory(), allocator_config{});
-  REQUIRE_THROWS_WITH(all.at(1), Catch::Contains("device index 1 does not exist (1 device(s) visible)"));
+  CHECK(error_of([&] { all.at(1); }).find("device index 1 does not exist (1 device(s) visible)") != std::string::npos);
   REQUIRE_THROWS_AS(all.at(-1), usage_error);
   CHECK(all.find(1) == nullptr);
   CHECK(all.find(-1) == nullptr);
@@ -85,7 +96,7 @@ TEST_CASE("device_allocators: a backend that cannot be made fails clearly and ca
   sim_devices devices;
   devices.fail_device = 1;
   device_allocators all(2, devices.factory(), allocator_config{});
-  REQUIRE_THROWS_WITH(all.at(1), Catch::Contains("cannot use device 1: device 1 is broken"));
+  CHECK(error_of([&] { all.at(1); }).find("cannot use device 1: device 1 is broken") != std::string::npos);
   CHECK(all.find(1) == nullptr);
   devices.fail_device = -1;
   CHECK(all.at(1).device() == 1);
