@@ -7,6 +7,15 @@
 # non-zero when any step failed.
 #
 #   scripts/gpu-check.sh [step...]     steps: env build unit gpu pip pytest sanitizer bench
+#   scripts/gpu-check.sh --multi-gpu [step...]
+#
+# --multi-gpu (on a machine with 2+ GPUs, e.g. the lent nvidia-h200-x2) adds
+# the `multigpu` step, tests/python/test_multi_gpu.py, to the named steps
+# (none by default), with the build and pip steps first when the pip step's
+# install is missing and pip is not named (`--multi-gpu pip` installs
+# without the full build). It exports the variables that keep NVLink multicast
+# off (NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
+# NVSHMEM_DISABLE_NVLS=1), which the lent multi-GPU machines require.
 #
 # Environment: PYTHON (default python3), JOBS (default 16), BUILD_DIR
 # (default <repo>/build-gpu), OUT (when set, the combined log and summary go
@@ -29,17 +38,38 @@ all_steps=(env build unit gpu pip pytest sanitizer bench)
 mkdir -p "$step_log_dir" "$report_dir"
 : >"$combined_log"
 
-if [[ $# -gt 0 ]]; then
-  selected_steps=("$@")
+multi_gpu=0
+named_steps=()
+for arg in "$@"; do
+  case $arg in
+    --multi-gpu) multi_gpu=1 ;;
+    -*) echo "gpu-check: unknown option '$arg' (options: --multi-gpu)" >&2; exit 2 ;;
+    *) named_steps+=("$arg") ;;
+  esac
+done
+if [[ ${#named_steps[@]} -gt 0 ]]; then
+  selected_steps=("${named_steps[@]}")
+elif [[ $multi_gpu -eq 1 ]]; then
+  selected_steps=()
 else
   selected_steps=("${all_steps[@]}")
 fi
-for wanted in "${selected_steps[@]}"; do
-  case " ${all_steps[*]} " in
-    *" $wanted "*) ;;
-    *) echo "gpu-check: unknown step '$wanted' (steps: ${all_steps[*]})" >&2; exit 2 ;;
-  esac
-done
+if [[ ${#selected_steps[@]} -gt 0 ]]; then
+  for wanted in "${selected_steps[@]}"; do
+    case " ${all_steps[*]} " in
+      *" $wanted "*) ;;
+      *) echo "gpu-check: unknown step '$wanted' (steps: ${all_steps[*]})" >&2; exit 2 ;;
+    esac
+  done
+fi
+if [[ $multi_gpu -eq 1 ]]; then
+  # The multi-GPU tests import the package the pip step installs; a run
+  # that names pip itself installs it without the full build.
+  if [[ ! -d "$site_dir/streamalloc" && " ${selected_steps[*]-} " != *" pip "* ]]; then
+    selected_steps+=(build pip)
+  fi
+  selected_steps+=(multigpu)
+fi
 
 step_names=()
 step_results=()
@@ -175,6 +205,28 @@ step_bench() {
   BUILD_DIR="$build_dir" PYTHON="$python_bin" bash "$repo_root/scripts/gpu-bench.sh"
 }
 
+# DDP over NCCL, all-reduce buffer safety and two devices in one process
+# (tests/python/test_multi_gpu.py). A skip there means the step proved
+# nothing, so it counts as a failure.
+step_multigpu() {
+  local log="$step_log_dir/multigpu.out" count
+  test -d "$site_dir" || { echo "gpu-check: the pip step did not install the package" >&2; return 1; }
+  count=$("$python_bin" -c 'import torch; print(torch.cuda.device_count())') ||
+    { echo "gpu-check: could not ask torch how many GPUs it sees" >&2; return 1; }
+  if [[ $count -lt 2 ]]; then
+    echo "gpu-check: --multi-gpu needs at least 2 GPUs; torch sees $count (run it on nvidia-h200-x2)" >&2
+    return 1
+  fi
+  export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+  PYTHONPATH="$site_dir${PYTHONPATH:+:$PYTHONPATH}" "$python_bin" -m pytest "$repo_root/tests/python/test_multi_gpu.py" \
+    -v -rs 2>&1 | tee "$log"
+  grep -Eq '[0-9]+ passed' "$log" || { echo "gpu-check: the multi-GPU tests passed nothing" >&2; return 1; }
+  if grep -Eq '[0-9]+ skipped' "$log"; then
+    echo "gpu-check: multi-GPU tests skipped on a multi-GPU run" >&2
+    return 1
+  fi
+}
+
 run_step env step_env
 run_step build step_build
 run_step unit step_unit
@@ -186,6 +238,9 @@ if [[ -f "$repo_root/scripts/gpu-bench.sh" ]]; then
   run_step bench step_bench
 else
   record bench SKIP 0.0
+fi
+if is_selected multigpu; then
+  run_step multigpu step_multigpu
 fi
 
 passed=0
