@@ -8,7 +8,8 @@ each under four allocators, every one in its own process:
   expandable   PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
   cuda_async   PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync
   streamalloc  `import streamalloc; streamalloc.install()` before any CUDA
-               allocation (the package must be importable: PYTHONPATH)
+               allocation, default settings (STREAMALLOC_CONF unset); the
+               package must be importable (PYTHONPATH)
 
     python bench/python_bench.py [--json FILE] [--modes native,streamalloc]
 
@@ -20,14 +21,13 @@ import argparse
 import json
 import math
 import os
-import subprocess
 import sys
-import tempfile
 import time
+
+from _driver import TORCH_MODE_BACKEND, TORCH_MODE_CONF, run_worker
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MODES = ["native", "expandable", "cuda_async", "streamalloc"]
-MODE_CONF = {"expandable": "expandable_segments:True", "cuda_async": "backend:cudaMallocAsync"}
 # (label, float32 elements)
 EMPTY_SIZES = [("256 B", 64), ("64 KiB", 16 << 10), ("4 MiB", 1 << 20), ("64 MiB", 16 << 20)]
 
@@ -141,6 +141,7 @@ def bench_resnet50(torch, warmup, steps, batch):
 
 
 def worker(mode, out_path, args):
+    streamalloc_config = None
     if mode == "streamalloc":
         # Before torch makes any CUDA allocation.
         import streamalloc
@@ -148,13 +149,14 @@ def worker(mode, out_path, args):
         streamalloc.install()
         if not streamalloc.is_installed():
             raise SystemExit("python_bench: streamalloc.install() returned but streamalloc is not installed")
+        streamalloc_config = streamalloc.config()
     import torch
 
     if not torch.cuda.is_available():
         raise SystemExit("python_bench: torch sees no CUDA device")
     torch.empty(1, device="cuda")  # CUDA context and allocator set up outside any timing
     backend = torch.cuda.get_allocator_backend()
-    expected = {"native": "native", "expandable": "native", "cuda_async": "cudaMallocAsync"}.get(mode)
+    expected = TORCH_MODE_BACKEND.get(mode)
     if expected is not None and backend != expected:
         raise SystemExit(f"python_bench: mode {mode} expects torch allocator backend '{expected}', got '{backend}'")
     result = {
@@ -163,6 +165,7 @@ def worker(mode, out_path, args):
         "device": torch.cuda.get_device_name(0),
         "allocator_backend": backend,
         "PYTORCH_CUDA_ALLOC_CONF": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
+        "streamalloc_config": streamalloc_config,
     }
     log(f"mode {mode}: torch {torch.__version__}, allocator backend {backend}")
     result["empty_del"] = bench_empty_del(torch, args.reps, args.warmup, args.iterations)
@@ -179,36 +182,13 @@ def worker(mode, out_path, args):
 # ---------------------------------------------------------------- driver
 
 
-def worker_env(mode):
-    env = dict(os.environ)
-    # Each mode states its whole allocator configuration.
-    env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
-    env.pop("PYTORCH_ALLOC_CONF", None)
-    if mode in MODE_CONF:
-        env["PYTORCH_CUDA_ALLOC_CONF"] = MODE_CONF[mode]
-    env["PYTHONUNBUFFERED"] = "1"
-    return env
-
-
 def run_workers(args, passthrough):
     results = {}
     for mode in args.modes:
-        with tempfile.TemporaryDirectory() as tmp:
-            out_path = os.path.join(tmp, "result.json")
-            command = [sys.executable, os.path.abspath(__file__), "--worker", mode, "--out", out_path, *passthrough]
-            log(f"running mode {mode}")
-            start = time.perf_counter()
-            try:
-                proc = subprocess.run(command, env=worker_env(mode), stdout=sys.stderr, timeout=args.timeout)
-                status = proc.returncode
-            except subprocess.TimeoutExpired:
-                status = f"timed out after {args.timeout} s"
-            if status == 0 and os.path.exists(out_path):
-                with open(out_path) as f:
-                    results[mode] = json.load(f)
-            else:
-                results[mode] = {"mode": mode, "error": f"worker failed (exit status {status})"}
-            results[mode]["wall_s"] = round(time.perf_counter() - start, 1)
+        log(f"running mode {mode}")
+        start = time.perf_counter()
+        results[mode] = run_worker(__file__, mode, passthrough, args.timeout)
+        results[mode]["wall_s"] = round(time.perf_counter() - start, 1)
     return results
 
 
@@ -235,8 +215,12 @@ def print_tables(results, modes):
     print(f"## Python-level benchmark (bench/python_bench.py) on {first.get('device', '?')}, torch {first.get('torch', '?')}")
     print()
     print("Each column is its own process: " + "; ".join(
-        f"{m}: " + (f"PYTORCH_CUDA_ALLOC_CONF={MODE_CONF[m]}" if m in MODE_CONF else
-                    "streamalloc.install()" if m == "streamalloc" else "torch defaults") for m in modes))
+        f"{m}: " + (f"PYTORCH_CUDA_ALLOC_CONF={TORCH_MODE_CONF[m]}" if m in TORCH_MODE_CONF else
+                    "streamalloc.install(), default settings" if m == "streamalloc" else "torch defaults")
+        for m in modes))
+    if ok.get("streamalloc", {}).get("streamalloc_config"):
+        print()
+        print(f"streamalloc settings in force: {ok['streamalloc']['streamalloc_config']}")
     for mode in modes:
         if "error" in results[mode]:
             print(f"- {mode}: {results[mode]['error']}")

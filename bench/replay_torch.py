@@ -3,22 +3,28 @@
 PyTorch's own allocators on the GPU, each in its own process, and prints
 their peak reserved memory over peak live bytes next to streamalloc's:
 
-  native        torch's default caching allocator
-  expandable    PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
-  cuda_async    PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync
-  streamalloc   build/bin/streamalloc-replay --backend cuda (with
-                --streamalloc-replay BIN)
-  recorded      what the native allocator reserved when the trace was
-                recorded (its segment_* events), no replay
+  native             torch's default caching allocator
+  expandable         PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+  cuda_async         PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync
+  streamalloc        streamalloc-replay --backend cuda, default settings
+                     (expandable segments and stitching)
+  streamalloc_plain  the same with --conf expandable_segments:False (plain
+                     cudaMalloc segments); both streamalloc columns need
+                     --streamalloc-replay BIN
+  recorded           what the native allocator reserved when the trace was
+                     recorded (its segment_* events), no replay
 
     python bench/replay_torch.py --streamalloc-replay build-gpu/bin/streamalloc-replay \\
         --timeline-dir timelines --json replay.json TRACE...
 
-A replay allocates with torch.cuda.caching_allocator_alloc on the trace's
-streams (0 = the default stream, others become new torch.cuda.Stream()s)
-and frees with caching_allocator_delete at each free_completed event.
---timeline-dir writes NAME.MODE.csv (`op,allocated_bytes,reserved_bytes`)
-for scripts/plot_replay.py.
+A replay allocates through torch's caching-allocator entry point (what
+torch.cuda.caching_allocator_alloc calls) on the trace's streams (0 = the
+default stream, others become new torch.cuda.Stream()s) and frees at each
+free_completed event. STREAMALLOC_CONF and torch's allocator variables are
+removed from every replay's environment. --timeline-dir writes
+NAME.MODE.csv (`op,allocated_bytes,reserved_bytes`) for
+scripts/plot_replay.py. --time-limit bounds the whole run: replays that
+would start after it are reported as not run.
 """
 
 import argparse
@@ -28,18 +34,29 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
 
+from _driver import TORCH_MODE_BACKEND, mode_env, run_worker
+
 TORCH_MODES = ["native", "expandable", "cuda_async"]
-MODE_CONF = {"expandable": "expandable_segments:True", "cuda_async": "backend:cudaMallocAsync"}
+# streamalloc-replay's --conf for each streamalloc column (None: defaults).
+STREAMALLOC_MODES = {"streamalloc": None, "streamalloc_plain": "expandable_segments:False"}
 COLUMNS = {
     "recorded": "native (recorded)",
     "native": "native",
     "expandable": "expandable_segments",
     "cuda_async": "cudaMallocAsync",
     "streamalloc": "streamalloc",
+    "streamalloc_plain": "streamalloc plain",
 }
+# streamalloc-replay's counts of virtual-memory work (expandable segments),
+# passed on where the binary reports them.
+VMM_COUNTS = ("chunk_maps", "chunk_unmaps", "stitched_blocks", "stitch_syncs")
+# The events a replay acts on; the others (free_requested, segment_*, oom,
+# snapshot) only describe what the recording allocator did.
+REPLAYED = ("alloc", "free_completed")
+# What the driver reads: the replayed events and the recorded segments.
+RECORDED = REPLAYED + ("segment_alloc", "segment_map", "segment_free", "segment_unmap")
 # Timelines keep at most about this many rows from a Python replay: reading
 # torch's stats costs tens of microseconds a call.
 TIMELINE_SAMPLES = 20000
@@ -53,8 +70,9 @@ def trace_name(path):
     return name
 
 
-def read_trace(path):
-    """The trace's events as (action, addr, size, stream) tuples."""
+def read_trace(path, actions):
+    """The trace's events whose action is in `actions`, as (action, addr,
+    size, stream) tuples, and the number of events in the file."""
     with open(path, "rb") as f:
         opener = gzip.open if f.read(2) == b"\x1f\x8b" else open
     with opener(path, "rt", newline="") as f:
@@ -62,7 +80,13 @@ def read_trace(path):
         header = next(reader, None)
         if header != ["action", "addr", "size", "stream"]:
             raise SystemExit(f"replay_torch: {path}: header {header} is not action,addr,size,stream")
-        return [(row[0], int(row[1]), int(row[2]), int(row[3])) for row in reader]
+        events = []
+        count = 0
+        for row in reader:
+            count += 1
+            if row[0] in actions:
+                events.append((row[0], int(row[1]), int(row[2]), int(row[3])))
+    return events, count
 
 
 def trace_figures(events):
@@ -105,44 +129,51 @@ def worker(mode, trace, out_path, timeline_path):
         raise SystemExit("replay_torch: torch sees no CUDA device")
     torch.cuda.init()
     backend = torch.cuda.get_allocator_backend()
-    expected = "cudaMallocAsync" if mode == "cuda_async" else "native"
+    expected = TORCH_MODE_BACKEND[mode]
     if backend != expected:
         raise SystemExit(f"replay_torch: mode {mode} expects allocator backend '{expected}', got '{backend}'")
-    events = read_trace(trace)
-    ops_total = sum(1 for e in events if e[0] in ("alloc", "free_completed"))
-    stride = max(1, ops_total // TIMELINE_SAMPLES)
+    events, event_count = read_trace(trace, REPLAYED)
 
     streams = {0: torch.cuda.default_stream(0)}
     for _, _, _, handle in events:
         if handle not in streams:
             streams[handle] = torch.cuda.Stream(0)
     handles = {h: s.cuda_stream for h, s in streams.items()}
+    # (allocation or free, trace address, size, CUDA stream), resolved before
+    # the loop so that it does no per-event lookups it can avoid.
+    ops = [(action == "alloc", addr, size, handles[handle]) for action, addr, size, handle in events]
+    del events
+    last = len(ops) - 1
+    stride = max(1, len(ops) // TIMELINE_SAMPLES)
     torch.cuda.reset_peak_memory_stats(0)
 
-    alloc = torch.cuda.caching_allocator_alloc
-    delete = torch.cuda.caching_allocator_delete
+    # torch.cuda.caching_allocator_alloc checks its arguments and switches to
+    # the device around every call; device 0 is current throughout, so the
+    # loop calls the entry points that it and caching_allocator_delete wrap.
+    alloc = torch._C._cuda_cudaCachingAllocator_raw_alloc
+    delete = torch._C._cuda_cudaCachingAllocator_raw_delete
+    # torch.cuda.memory_reserved flattens and sorts every statistic on each
+    # call; the timeline reads its one figure from the nested form.
+    memory_stats = torch.cuda.memory_stats_as_nested_dict
     live = {}  # trace address -> (pointer, size)
     live_bytes = 0
     peak_live = 0
-    op = 0
     rows = []
     start = time.perf_counter()
-    for action, addr, size, handle in events:
-        if action == "alloc":
+    for op, (is_alloc, addr, size, stream) in enumerate(ops):
+        if is_alloc:
             # Size 0 gets no memory, as in torch.
-            live[addr] = (alloc(size, 0, handles[handle]) if size else 0, size)
+            live[addr] = (alloc(size, stream) if size else 0, size)
             live_bytes += size
-            peak_live = max(peak_live, live_bytes)
-        elif action == "free_completed":
+            if live_bytes > peak_live:
+                peak_live = live_bytes
+        else:
             ptr, size = live.pop(addr)
             if ptr:
                 delete(ptr)
             live_bytes -= size
-        else:
-            continue
-        if timeline_path and (op % stride == 0 or op == ops_total - 1):
-            rows.append((op, live_bytes, torch.cuda.memory_reserved(0)))
-        op += 1
+        if timeline_path and (op % stride == 0 or op == last):
+            rows.append((op, live_bytes, memory_stats(0)["reserved_bytes"]["all"]["current"]))
     seconds = time.perf_counter() - start
     torch.cuda.synchronize()
     result = {
@@ -150,8 +181,8 @@ def worker(mode, trace, out_path, timeline_path):
         "trace": trace,
         "allocator_backend": backend,
         "PYTORCH_CUDA_ALLOC_CONF": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
-        "events": len(events),
-        "ops": op,
+        "events": event_count,
+        "ops": len(ops),
         "live_at_end": len(live),
         "peak_live_bytes": peak_live,
         "peak_allocated_bytes": torch.cuda.max_memory_allocated(0),
@@ -170,53 +201,43 @@ def worker(mode, trace, out_path, timeline_path):
 # ---------------------------------------------------------------- driver
 
 
-def worker_env(mode):
-    env = dict(os.environ)
-    env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
-    env.pop("PYTORCH_ALLOC_CONF", None)
-    if mode in MODE_CONF:
-        env["PYTORCH_CUDA_ALLOC_CONF"] = MODE_CONF[mode]
-    env["PYTHONUNBUFFERED"] = "1"
-    return env
-
-
 def log(message):
     print(f"replay_torch: {message}", file=sys.stderr, flush=True)
 
 
 def run_torch_mode(mode, trace, timeline, timeout):
-    with tempfile.TemporaryDirectory() as tmp:
-        out_path = os.path.join(tmp, "result.json")
-        command = [sys.executable, os.path.abspath(__file__), "--worker", mode, "--out", out_path]
-        if timeline:
-            command += ["--timeline", timeline]
-        command.append(trace)
-        try:
-            proc = subprocess.run(command, env=worker_env(mode), stdout=sys.stderr, timeout=timeout)
-            status = proc.returncode
-        except subprocess.TimeoutExpired:
-            status = f"timed out after {timeout} s"
-        if status == 0 and os.path.exists(out_path):
-            with open(out_path) as f:
-                return json.load(f)
-        return {"mode": mode, "error": f"worker failed (exit status {status})"}
+    args = ["--timeline", timeline] if timeline else []
+    return run_worker(__file__, mode, [*args, trace], timeout)
 
 
-def run_streamalloc(binary, backend, trace, timeline, timeout):
+def run_streamalloc(column, binary, backend, trace, timeline, timeout):
+    conf = STREAMALLOC_MODES[column]
     command = [binary, "--backend", backend, "--json"]
+    if conf:
+        command += ["--conf", conf]
     if timeline:
         command += ["--timeline", timeline]
     command.append(trace)
+    error = None
     try:
-        proc = subprocess.run(command, stdout=subprocess.PIPE, stderr=sys.stderr, text=True, timeout=timeout)
-    except (OSError, subprocess.TimeoutExpired) as error:
-        return {"mode": "streamalloc", "error": str(error)}
-    if proc.returncode != 0:
-        return {"mode": "streamalloc", "error": f"streamalloc-replay failed (exit status {proc.returncode})"}
+        proc = subprocess.run(command, env=mode_env(column), stdout=subprocess.PIPE, stderr=sys.stderr, text=True,
+                              timeout=timeout)
+        if proc.returncode != 0:
+            error = f"streamalloc-replay failed (exit status {proc.returncode})"
+    except subprocess.TimeoutExpired:
+        error = f"streamalloc-replay timed out after {timeout:.0f} s"
+    except OSError as e:
+        error = str(e)
+    if error:
+        # A half-written timeline would be plotted as if it were whole.
+        if timeline and os.path.exists(timeline):
+            os.remove(timeline)
+        return {"mode": column, "error": error}
     r = json.loads(proc.stdout)
     return {
-        "mode": "streamalloc",
+        "mode": column,
         "backend": backend,
+        "conf": conf,
         "config": r["config"],
         "events": r["events"],
         "ops": r["ops"],
@@ -225,11 +246,16 @@ def run_streamalloc(binary, backend, trace, timeline, timeout):
         "peak_reserved_bytes": r["peak_reserved_bytes"],
         "segments": r["segments"],
         "ns_per_op": r["ns_per_op"],
+        **{key: r[key] for key in VMM_COUNTS if key in r},
     }
 
 
 def gib(n):
     return f"{n / 2**30:.3f}"
+
+
+def missing_cell(m):
+    return "not run" if m.get("not_run") else "failed"
 
 
 def print_tables(results, columns, streamalloc_backend):
@@ -238,8 +264,9 @@ def print_tables(results, columns, streamalloc_backend):
     print(
         "Each allocator replays the same trace in its own process; torch's allocators through "
         "torch.cuda.caching_allocator_alloc/_delete, streamalloc through "
-        f"`streamalloc-replay --backend {streamalloc_backend}`. \"native (recorded)\" is what torch's native allocator "
-        "reserved while the trace was recorded."
+        f"`streamalloc-replay --backend {streamalloc_backend}`: \"streamalloc\" with its default settings "
+        "(expandable segments and stitching), \"streamalloc plain\" with `--conf expandable_segments:False`. "
+        "\"native (recorded)\" is what torch's native allocator reserved while the trace was recorded."
     )
     print()
     header = "| trace | events | peak live GiB | " + " | ".join(COLUMNS[c] for c in columns) + " |"
@@ -251,7 +278,7 @@ def print_tables(results, columns, streamalloc_backend):
         for c in columns:
             m = r["modes"].get(c, {})
             cells.append(f"{m['peak_reserved_bytes'] / r['peak_live_bytes']:.3f}" if "peak_reserved_bytes" in m
-                         and r["peak_live_bytes"] else "failed")
+                         and r["peak_live_bytes"] else missing_cell(m))
         print(f"| {name} | {r['events']} | {gib(r['peak_live_bytes'])} | " + " | ".join(cells) + " |")
     print()
     print("### Peak reserved GiB (peak allocated GiB as the allocator counts it)")
@@ -263,17 +290,27 @@ def print_tables(results, columns, streamalloc_backend):
         for c in columns:
             m = r["modes"].get(c, {})
             if "peak_reserved_bytes" not in m:
-                cells.append("failed")
+                cells.append(missing_cell(m))
             elif "peak_allocated_bytes" in m:
                 cells.append(f"{gib(m['peak_reserved_bytes'])} ({gib(m['peak_allocated_bytes'])})")
             else:
                 cells.append(gib(m["peak_reserved_bytes"]))
         print(f"| {name} | {r['events']} | {gib(r['peak_live_bytes'])} | " + " | ".join(cells) + " |")
+    vmm = {name: r["modes"]["streamalloc"] for name, r in results.items()
+           if r["modes"].get("streamalloc", {}).get("chunk_maps")}
+    if vmm:
+        print()
+        print("### streamalloc (default settings): segments and virtual-memory chunk work")
+        print()
+        print("| trace | segments | chunk maps | chunk unmaps | stitched blocks | stream syncs for stitching |")
+        print("|---|---|---|---|---|---|")
+        for name, m in vmm.items():
+            print(f"| {name} | {m['segments']} | " + " | ".join(str(m[key]) for key in VMM_COUNTS) + " |")
     errors = [(name, c, m["error"]) for name, r in results.items() for c, m in r["modes"].items() if "error" in m]
     if errors:
         print()
         for name, c, error in errors:
-            print(f"- {name} / {c}: {error}")
+            print(f"- {name} / {COLUMNS[c]}: {error}")
     sys.stdout.flush()
 
 
@@ -282,12 +319,16 @@ def main():
     parser.add_argument("traces", nargs="+", metavar="TRACE")
     parser.add_argument("--modes", default=",".join(TORCH_MODES),
                         help="torch allocators to replay through, comma-separated (empty: none)")
-    parser.add_argument("--streamalloc-replay", metavar="BIN", help="also replay through streamalloc with this binary")
+    parser.add_argument("--streamalloc-replay", metavar="BIN",
+                        help="also replay through streamalloc with this binary (columns streamalloc, streamalloc_plain)")
     parser.add_argument("--streamalloc-backend", default="cuda", choices=["cuda", "sim"],
                         help="device of the streamalloc replay (default cuda)")
     parser.add_argument("--timeline-dir", help="write NAME.MODE.csv timelines here")
     parser.add_argument("--json", help="write all results to this file")
     parser.add_argument("--timeout", type=int, default=180, help="seconds per replay process (default 180)")
+    parser.add_argument("--time-limit", type=int, default=0,
+                        help="seconds for the whole run (default 0: none): no replay starts after it, and each "
+                             "one's timeout is cut to the time left")
     parser.add_argument("--worker", choices=TORCH_MODES, help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     parser.add_argument("--timeline", help=argparse.SUPPRESS)
@@ -303,16 +344,27 @@ def main():
     unknown = [m for m in modes if m not in TORCH_MODES]
     if unknown:
         parser.error(f"unknown mode(s) {', '.join(unknown)}; known: {', '.join(TORCH_MODES)}")
-    columns = ["recorded", *modes] + (["streamalloc"] if args.streamalloc_replay else [])
+    streamalloc_columns = list(STREAMALLOC_MODES) if args.streamalloc_replay else []
+    columns = ["recorded", *modes, *streamalloc_columns]
     if args.timeline_dir:
         os.makedirs(args.timeline_dir, exist_ok=True)
+    deadline = time.monotonic() + args.time_limit if args.time_limit > 0 else None
+
+    def timeout_left():
+        """--timeout, cut to what is left of --time-limit; None when
+        nothing is left."""
+        if deadline is None:
+            return args.timeout
+        left = deadline - time.monotonic()
+        return min(args.timeout, left) if left > 0 else None
 
     results = {}
     for trace in args.traces:
         name = trace_name(trace)
-        events = read_trace(trace)
+        events, event_count = read_trace(trace, RECORDED)
         peak_live, recorded_peak, curve = trace_figures(events)
-        entry = {"trace": trace, "events": len(events), "peak_live_bytes": peak_live, "modes": {}}
+        del events
+        entry = {"trace": trace, "events": event_count, "peak_live_bytes": peak_live, "modes": {}}
         entry["modes"]["recorded"] = (
             {"mode": "recorded", "peak_reserved_bytes": recorded_peak} if recorded_peak
             else {"mode": "recorded", "error": "the trace has no segment events"}
@@ -323,13 +375,22 @@ def main():
 
         if args.timeline_dir and recorded_peak:
             write_timeline(timeline("recorded"), [(i, a, r) for i, (a, r) in enumerate(curve)])
-        for mode in modes:
-            log(f"{name}: replaying through torch {mode}")
-            entry["modes"][mode] = run_torch_mode(mode, trace, timeline(mode), args.timeout)
-        if args.streamalloc_replay:
-            log(f"{name}: replaying through streamalloc ({args.streamalloc_backend})")
-            entry["modes"]["streamalloc"] = run_streamalloc(
-                args.streamalloc_replay, args.streamalloc_backend, trace, timeline("streamalloc"), args.timeout)
+        del curve
+        # streamalloc first: when --time-limit cuts the run short, the
+        # allocator under test is the one measured.
+        for column in [*streamalloc_columns, *modes]:
+            timeout = timeout_left()
+            if timeout is None:
+                entry["modes"][column] = {"mode": column, "not_run": True,
+                                          "error": f"not run: the {args.time_limit} s time limit was reached"}
+            elif column in STREAMALLOC_MODES:
+                log(f"{name}: replaying through {COLUMNS[column]} ({args.streamalloc_backend})")
+                entry["modes"][column] = run_streamalloc(column, args.streamalloc_replay, args.streamalloc_backend,
+                                                         trace, timeline(column), timeout)
+            else:
+                log(f"{name}: replaying through torch {column}")
+                entry["modes"][column] = run_torch_mode(column, trace, timeline(column), timeout)
+        entry["modes"] = {column: entry["modes"][column] for column in columns}
         results[name] = entry
 
     print_tables(results, columns, args.streamalloc_backend)

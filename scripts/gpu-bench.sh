@@ -1,16 +1,29 @@
 #!/usr/bin/env bash
-# The whole benchmark on a GPU machine in one command: streamalloc-bench
-# (every allocator in one process), bench/python_bench.py (four allocator
-# modes, a process each), captures of the two GPT-2 traces, replay of every
-# trace through torch's allocators and streamalloc, and the memory plot.
-# Prints the markdown tables last; about 5 minutes on an H200.
+# The whole benchmark on a GPU machine: streamalloc-bench (every allocator in
+# one process), bench/python_bench.py (four allocator modes, a process each),
+# bench/streams_bench.py, captures of the two GPT-2 traces, replay of every
+# trace through torch's allocators and streamalloc (default settings and
+# plain segments), and the memory plot. Prints the markdown tables last.
 #
-#   scripts/gpu-bench.sh
+#   scripts/gpu-bench.sh [STEP ...]
 #
-# Writes to OUT (at most 4 files): results.md (every table, the command and
-# the machine), replay_memory.png (reserved vs allocated over each replayed
-# trace), bench-logs.tar.gz (logs, JSON, timelines) and bench-traces.tar.gz
-# (the traces captured here).
+# Steps, run in this order whatever the order named (default: all):
+#   microbench python_bench streams_bench capture replay plot
+# On an H200 the first four took about 4 minutes together in the last run
+# (plus about a minute to build on a bare machine); replay and plot should
+# take about 2 (not yet timed with three traces); no step's time limit is
+# over 480 s. What the steps write stays in BUILD_DIR/bench-work
+# between invocations: a step replaces only what it produces itself, and
+# replay reads the traces that the last `capture` left there. So
+#   scripts/gpu-bench.sh microbench python_bench streams_bench capture
+#   scripts/gpu-bench.sh replay plot
+# gives, after the second call, the same results.md as one full run.
+#
+# Writes to OUT (at most 4 files), from what the work area holds: results.md
+# (every table there, when each step last ran, the command and the machine;
+# rewritten after every step), replay_memory.png (reserved vs allocated over
+# each replayed trace), bench-logs.tar.gz (logs, JSON, timelines) and
+# bench-traces.tar.gz (the captured traces).
 #
 # Environment: PYTHON (default python3); BUILD_DIR (default <repo>/build-gpu,
 # built with scripts/gpu-check.sh's build and pip steps when its binaries or
@@ -18,65 +31,180 @@
 # STREAMALLOC_TRACES (more traces to replay: files or directories of
 # *.trace.csv[.gz], colon-separated; default bench/traces and ../shared/traces
 # where they exist); BENCH_QUICK=1 (tiny counts: checks the pipeline, not
-# the numbers). A failed step does not stop the later ones; the exit status
-# is non-zero when any step failed.
+# the numbers); BENCH_TIME_LIMIT_S (seconds for this invocation: each step's
+# limit is cut to what is left less 30 s, and a step with under 10 s left is
+# not started). A failed step does not stop the later ones; the exit status
+# is non-zero when any step of this invocation failed or was not started.
 set -uo pipefail
 
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-cd "$repo_root"
+cd "$repo_root" || exit 2
+
+all_steps=(microbench python_bench streams_bench capture replay plot)
+selected=()
+for arg in "$@"; do
+  case " ${all_steps[*]} " in
+    *" $arg "*) selected+=("$arg") ;;
+    *) echo "gpu-bench: unknown step '$arg' (steps: ${all_steps[*]})" >&2; exit 2 ;;
+  esac
+done
+[[ ${#selected[@]} -gt 0 ]] || selected=("${all_steps[@]}")
+is_selected() { [[ " ${selected[*]} " == *" $1 "* ]]; }
+command_line="scripts/gpu-bench.sh${*:+ $*}"
 
 python_bin="${PYTHON:-python3}"
 build_dir="${BUILD_DIR:-$repo_root/build-gpu}"
 out_dir="${OUT:-$build_dir/bench-out}"
 work="$build_dir/bench-work"
 quick="${BENCH_QUICK:-0}"
+time_limit="${BENCH_TIME_LIMIT_S:-0}"
 bin="$build_dir/bin"
 
-rm -rf "$work"
-mkdir -p "$work/logs" "$work/traces" "$work/timelines" "$out_dir"
+# status/NAME holds "result<TAB>seconds<TAB>when" of step NAME's last run.
+mkdir -p "$work/logs" "$work/status" "$work/traces" "$out_dir"
 
 step_names=()
 step_results=()
-step_seconds=()
 now_ns() { date +%s%N; }
 
-# step NAME TIMEOUT_S COMMAND...: runs COMMAND with a time limit, its output
+# may_start DEFAULT_S: sets `limit` to DEFAULT_S, cut by BENCH_TIME_LIMIT_S
+# to what is left less 30 s (the kill grace and the outputs); fails when
+# under 10 s would be left.
+may_start() {
+  limit=$1
+  if [[ $time_limit -gt 0 ]]; then
+    local left=$((time_limit - SECONDS - 30))
+    [[ $left -lt $limit ]] && limit=$left
+  fi
+  [[ $limit -ge 10 ]]
+}
+
+# not_started NAME: records that NAME was not started for lack of time. Its
+# status and outputs from an earlier run stay as they were.
+not_started() {
+  echo "=== gpu-bench step '$1': not started (BENCH_TIME_LIMIT_S=$time_limit reached)"
+  step_names+=("$1")
+  step_results+=("NOT STARTED")
+  write_results
+}
+
+# record NAME RESULT SECONDS: the step's outcome, for this invocation's exit
+# status and for results.md.
+record() {
+  local when
+  when="$(date -u '+%Y-%m-%d %H:%M UTC')$([[ $quick == 1 ]] && echo ', BENCH_QUICK')"
+  step_names+=("$1")
+  step_results+=("$2")
+  printf '%s\t%s\t%s\n' "$2" "$3" "$when" >"$work/status/$1"
+  write_results
+}
+
+# step NAME LIMIT_S COMMAND...: runs COMMAND with a time limit, its output
 # (stdout and stderr) to the terminal and to logs/NAME.log.
 step() {
-  local name=$1 limit=$2
+  local name=$1 step_limit=$2
   shift 2
-  echo "=== gpu-bench step '$name' ($(date -u +%H:%M:%S) UTC): $*"
-  local start rc
+  echo "=== gpu-bench step '$name' ($(date -u +%H:%M:%S) UTC, limit ${step_limit}s): $*"
+  local start rc result
   start=$(now_ns)
-  timeout --kill-after=10 "$limit" "$@" 2>&1 | tee "$work/logs/$name.log"
+  timeout --kill-after=10 "$step_limit" "$@" 2>&1 | tee "$work/logs/$name.log"
   rc=${PIPESTATUS[0]}
   local ms=$(( ($(now_ns) - start) / 1000000 ))
   local seconds
   seconds=$(printf '%d.%d' $((ms / 1000)) $(((ms % 1000) / 100)))
-  step_names+=("$name")
-  step_seconds+=("$seconds")
   if [[ $rc -eq 0 ]]; then
-    step_results+=(PASS)
+    result=PASS
   elif [[ $rc -eq 124 || $rc -eq 137 ]]; then
-    step_results+=("TIMEOUT (${limit}s)")
+    result="TIMEOUT (${step_limit}s)"
   else
-    step_results+=("FAIL (exit $rc)")
+    result="FAIL (exit $rc)"
   fi
-  echo "=== gpu-bench step '$name': ${step_results[-1]} in ${seconds}s"
+  echo "=== gpu-bench step '$name': $result in ${seconds}s"
+  record "$name" "$result" "$seconds"
 }
 
-# torch's native allocator is what every "native" figure means: no
-# allocator settings leak in from the caller's environment.
-unset PYTORCH_CUDA_ALLOC_CONF PYTORCH_ALLOC_CONF
+# markdown STEP LIMIT_S COMMAND...: a step whose stdout is its markdown
+# table, kept as STEP.md (its log also gets stderr).
+markdown() {
+  local name=$1 step_limit=$2
+  shift 2
+  step "$name" "$step_limit" bash -c '"$0" "$@" > "'"$work/$name"'.md"; rc=$?; cat "'"$work/$name"'.md"; exit $rc' "$@"
+}
 
-if [[ ! -x $bin/streamalloc-bench || ! -x $bin/streamalloc-replay || ! -d $build_dir/pip-target ]]; then
-  step build 1200 env OUT= BUILD_DIR="$build_dir" PYTHON="$python_bin" bash "$repo_root/scripts/gpu-check.sh" build pip
+gpu_line="$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -1)"
+torch_line="$("$python_bin" -c 'import torch; print(torch.__version__)' 2>/dev/null)"
+source_line="$(git -C "$repo_root" rev-parse --short HEAD 2>/dev/null || echo 'no git metadata')"
+if git -C "$repo_root" status --porcelain 2>/dev/null | grep -q .; then
+  source_line+=" (uncommitted changes)"
+fi
+# results.md from what the work area holds, copied to OUT with the plot.
+write_results() {
+  local results="$work/results.md" name status i not_run=()
+  for i in "${!step_names[@]}"; do
+    [[ ${step_results[$i]} == "NOT STARTED" ]] && not_run+=("${step_names[$i]}")
+  done
+  {
+    echo "# streamalloc GPU benchmark results"
+    echo
+    echo "- written: $(date -u '+%Y-%m-%d %H:%M UTC'); host $(hostname)"
+    echo "- GPU: $gpu_line"
+    echo "- torch: $torch_line"
+    echo "- source: $source_line"
+    echo "- command: \`$command_line\` (BUILD_DIR=$build_dir$([[ $quick == 1 ]] && echo ', BENCH_QUICK=1'))"
+    echo "- each table below comes from its step's last run in this BUILD_DIR, which may be an earlier invocation: see 'ran'"
+    if [[ ${#not_run[@]} -gt 0 ]]; then
+      echo "- not started by this command (BENCH_TIME_LIMIT_S=$time_limit reached): ${not_run[*]}"
+    fi
+    if [[ -s $work/replay-traces.txt ]]; then
+      echo "- traces replayed: $(cat "$work/replay-traces.txt")"
+    fi
+    echo
+    echo "| step | result | seconds | ran |"
+    echo "|---|---|---|---|"
+    for name in build machine microbench python_bench streams_bench capture_gpt2_train capture_gpt2_generate replay plot; do
+      if [[ -f $work/status/$name ]]; then
+        IFS=$'\t' read -r -a status <"$work/status/$name"
+        echo "| $name | ${status[0]} | ${status[1]} | ${status[2]} |"
+      fi
+    done
+    for name in microbench python_bench streams_bench replay; do
+      if [[ -s $work/$name.md ]]; then
+        echo
+        cat "$work/$name.md"
+      fi
+    done
+  } >"$results"
+  cp "$results" "$out_dir/results.md"
+  if [[ -f $work/replay_memory.png ]]; then
+    cp "$work/replay_memory.png" "$out_dir/replay_memory.png"
+  else
+    rm -f "$out_dir/replay_memory.png"
+  fi
+}
+
+# torch's native allocator is what every "native" figure means, and
+# streamalloc's defaults what every "streamalloc" one means: no allocator
+# settings leak in from the caller's environment.
+unset PYTORCH_CUDA_ALLOC_CONF PYTORCH_ALLOC_CONF STREAMALLOC_CONF
+
+if is_selected microbench || is_selected python_bench || is_selected streams_bench || is_selected replay; then
+  if [[ ! -x $bin/streamalloc-bench || ! -x $bin/streamalloc-replay || ! -d $build_dir/pip-target ]]; then
+    if may_start 480; then
+      step build "$limit" env OUT= BUILD_DIR="$build_dir" PYTHON="$python_bin" bash "$repo_root/scripts/gpu-check.sh" build pip
+    else
+      not_started build
+    fi
+  fi
 fi
 if [[ -d $build_dir/pip-target ]]; then
   export PYTHONPATH="$build_dir/pip-target${PYTHONPATH:+:$PYTHONPATH}"
 fi
 
-step machine 60 bash -c "nvidia-smi; '$python_bin' -c 'import torch; print(\"torch\", torch.__version__, \"cuda\", torch.version.cuda)'"
+if may_start 60; then
+  step machine "$limit" bash -c "nvidia-smi; '$python_bin' -c 'import torch; print(\"torch\", torch.__version__, \"cuda\", torch.version.cuda)'"
+else
+  not_started machine
+fi
 
 micro_args=()
 python_args=()
@@ -89,78 +217,105 @@ if [[ $quick == 1 ]]; then
   generate_args=(--requests 3 --new-tokens 8)
 fi
 
-step microbench 300 bash -c '"$0" "$@" > "'"$work"'/microbench.md"; rc=$?; cat "'"$work"'/microbench.md"; exit $rc' \
-  "$bin/streamalloc-bench" --json "$work/microbench.json" "${micro_args[@]}"
-
-step python_bench 660 bash -c '"$0" "$@" > "'"$work"'/python_bench.md"; rc=$?; cat "'"$work"'/python_bench.md"; exit $rc' \
-  "$python_bin" bench/python_bench.py --timeout 160 --json "$work/python_bench.json" "${python_args[@]}"
-
-step streams_bench 180 bash -c '"$0" "$@" > "'"$work"'/streams_bench.md"; rc=$?; cat "'"$work"'/streams_bench.md"; exit $rc' \
-  "$python_bin" bench/streams_bench.py --json "$work/streams_bench.json"
-
-step capture_gpt2_train 180 "$python_bin" scripts/capture_trace.py -o "$work/traces/gpt2_train_varlen.trace.csv.gz" \
-  -- bench/workloads/gpt2_train_varlen.py "${train_args[@]}"
-step capture_gpt2_generate 180 "$python_bin" scripts/capture_trace.py -o "$work/traces/gpt2_generate.trace.csv.gz" \
-  -- bench/workloads/gpt2_generate.py "${generate_args[@]}"
-
-traces=()
-for captured in "$work"/traces/*.trace.csv.gz; do
-  [[ -f $captured ]] && traces+=("$captured")
-done
-if [[ -n ${STREAMALLOC_TRACES:-} ]]; then
-  IFS=: read -r -a trace_sources <<<"$STREAMALLOC_TRACES"
-else
-  trace_sources=("$repo_root/bench/traces" "$repo_root/../shared/traces")
-fi
-for source in "${trace_sources[@]}"; do
-  if [[ -d $source ]]; then
-    for file in "$source"/*.trace.csv "$source"/*.trace.csv.gz; do
-      [[ -f $file ]] && traces+=("$file")
-    done
-  elif [[ -f $source ]]; then
-    traces+=("$source")
-  elif [[ -n ${STREAMALLOC_TRACES:-} ]]; then
-    echo "gpu-bench: STREAMALLOC_TRACES names '$source', which does not exist" >&2
+if is_selected microbench; then
+  if may_start 300; then
+    rm -f "$work/microbench.md" "$work/microbench.json"
+    markdown microbench "$limit" "$bin/streamalloc-bench" --json "$work/microbench.json" "${micro_args[@]}"
+  else
+    not_started microbench
   fi
-done
-
-if [[ ${#traces[@]} -gt 0 ]]; then
-  step replay 900 bash -c '"$0" "$@" > "'"$work"'/replay.md"; rc=$?; cat "'"$work"'/replay.md"; exit $rc' \
-    "$python_bin" bench/replay_torch.py --streamalloc-replay "$bin/streamalloc-replay" \
-    --timeline-dir "$work/timelines" --json "$work/replay.json" "${traces[@]}"
-  step plot 120 "$python_bin" scripts/plot_replay.py -o "$out_dir/replay_memory.png" --timeline-dir "$work/timelines"
-else
-  echo "gpu-bench: no trace to replay (captures failed and no STREAMALLOC_TRACES / bench/traces)" >&2
-  step_names+=(replay) step_results+=("FAIL (no trace)") step_seconds+=(0.0)
 fi
 
-results="$work/results.md"
-{
-  echo "# streamalloc GPU benchmark results"
-  echo
-  echo "- date: $(date -u '+%Y-%m-%d %H:%M UTC'); host $(hostname)"
-  echo "- GPU: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -1)"
-  echo "- torch: $("$python_bin" -c 'import torch; print(torch.__version__)' 2>/dev/null)"
-  echo "- source: $(git -C "$repo_root" rev-parse --short HEAD 2>/dev/null || echo 'no git metadata') "\
-"$(git -C "$repo_root" status --porcelain 2>/dev/null | grep -q . && echo '(uncommitted changes)')"
-  echo "- command: \`scripts/gpu-bench.sh\` (BUILD_DIR=$build_dir$([[ $quick == 1 ]] && echo ', BENCH_QUICK=1'))"
-  echo "- traces replayed: ${traces[*]##*/}"
-  echo
-  echo "| step | result | seconds |"
-  echo "|---|---|---|"
-  for i in "${!step_names[@]}"; do
-    echo "| ${step_names[$i]} | ${step_results[$i]} | ${step_seconds[$i]} |"
-  done
-  for part in microbench python_bench streams_bench replay; do
-    if [[ -s $work/$part.md ]]; then
-      echo
-      cat "$work/$part.md"
+# Four worker processes of at most 100 s each (about 20 s each on an H200).
+if is_selected python_bench; then
+  if may_start 450; then
+    rm -f "$work/python_bench.md" "$work/python_bench.json"
+    markdown python_bench "$limit" "$python_bin" bench/python_bench.py --timeout 100 --json "$work/python_bench.json" \
+      "${python_args[@]}"
+  else
+    not_started python_bench
+  fi
+fi
+
+if is_selected streams_bench; then
+  if may_start 180; then
+    rm -f "$work/streams_bench.md" "$work/streams_bench.json"
+    markdown streams_bench "$limit" "$python_bin" bench/streams_bench.py --json "$work/streams_bench.json"
+  else
+    not_started streams_bench
+  fi
+fi
+
+if is_selected capture; then
+  for workload in gpt2_train gpt2_generate; do
+    if [[ $workload == gpt2_train ]]; then
+      trace=gpt2_train_varlen
+      workload_args=("${train_args[@]}")
+    else
+      trace=gpt2_generate
+      workload_args=("${generate_args[@]}")
+    fi
+    if may_start 180; then
+      rm -f "$work/traces/$trace.trace.csv.gz"
+      step "capture_$workload" "$limit" "$python_bin" scripts/capture_trace.py -o "$work/traces/$trace.trace.csv.gz" \
+        -- "bench/workloads/$trace.py" "${workload_args[@]}"
+    else
+      not_started "capture_$workload"
     fi
   done
-} >"$results"
-cp "$results" "$out_dir/results.md"
+fi
 
-tar -czf "$out_dir/bench-logs.tar.gz" -C "$work" --exclude=./traces .
+if is_selected replay; then
+  traces=()
+  for captured in "$work"/traces/*.trace.csv.gz; do
+    [[ -f $captured ]] && traces+=("$captured")
+  done
+  if [[ -n ${STREAMALLOC_TRACES:-} ]]; then
+    IFS=: read -r -a trace_sources <<<"$STREAMALLOC_TRACES"
+  else
+    trace_sources=("$repo_root/bench/traces" "$repo_root/../shared/traces")
+  fi
+  for source in "${trace_sources[@]}"; do
+    if [[ -d $source ]]; then
+      for file in "$source"/*.trace.csv "$source"/*.trace.csv.gz; do
+        [[ -f $file ]] && traces+=("$file")
+      done
+    elif [[ -f $source ]]; then
+      traces+=("$source")
+    elif [[ -n ${STREAMALLOC_TRACES:-} ]]; then
+      echo "gpu-bench: STREAMALLOC_TRACES names '$source', which does not exist" >&2
+    fi
+  done
+
+  if ! may_start 480; then
+    not_started replay
+  else
+    rm -rf "$work/timelines" "$work/replay.md" "$work/replay.json" "$work/replay-traces.txt"
+    mkdir -p "$work/timelines"
+    if [[ ${#traces[@]} -gt 0 ]]; then
+      echo "${traces[*]##*/}" >"$work/replay-traces.txt"
+      # replay_torch stops starting replays in time to print what it has.
+      markdown replay "$limit" "$python_bin" bench/replay_torch.py --streamalloc-replay "$bin/streamalloc-replay" \
+        --time-limit $((limit > 60 ? limit - 30 : limit / 2)) --timeline-dir "$work/timelines" \
+        --json "$work/replay.json" "${traces[@]}"
+    else
+      echo "gpu-bench: no trace to replay (no capture here and no STREAMALLOC_TRACES / bench/traces)" >&2
+      record replay "FAIL (no trace)" 0.0
+    fi
+  fi
+fi
+
+if is_selected plot; then
+  if may_start 120; then
+    rm -f "$work/replay_memory.png"
+    step plot "$limit" "$python_bin" scripts/plot_replay.py -o "$work/replay_memory.png" --timeline-dir "$work/timelines"
+  else
+    not_started plot
+  fi
+fi
+
+write_results
+tar -czf "$out_dir/bench-logs.tar.gz" -C "$work" --exclude=./traces --exclude=./replay_memory.png .
 tar -czf "$out_dir/bench-traces.tar.gz" -C "$work" traces
 for archive in "$out_dir/bench-logs.tar.gz" "$out_dir/bench-traces.tar.gz"; do
   if [[ $(stat -c %s "$archive") -gt $((16 * 1024 * 1024)) ]]; then
@@ -170,7 +325,7 @@ done
 
 echo
 echo "=== gpu-bench results (also in $out_dir/results.md)"
-cat "$results"
+cat "$work/results.md"
 
 for result in "${step_results[@]}"; do
   [[ $result == PASS ]] || exit 1

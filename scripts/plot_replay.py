@@ -23,6 +23,7 @@ KNOWN = {
     "expandable": ("expandable_segments", "tab:orange"),
     "cuda_async": ("cudaMallocAsync", "tab:purple"),
     "streamalloc": ("streamalloc", "tab:blue"),
+    "streamalloc_plain": ("streamalloc plain", "tab:cyan"),
 }
 MAX_POINTS = 4000
 
@@ -121,6 +122,8 @@ def main():
     if bool(args.timeline_dir) == bool(args.files):
         parser.error("give either --timeline-dir DIR or ALLOCATOR=CSV arguments")
     if args.timeline_dir:
+        if not os.path.isdir(args.timeline_dir):
+            sys.exit(f"plot_replay: {args.timeline_dir} is not a directory (no replay wrote timelines there)")
         groups = group_dir(args.timeline_dir)
         if not groups:
             sys.exit(f"plot_replay: no TRACE.ALLOCATOR.csv files in {args.timeline_dir}")

@@ -232,6 +232,9 @@ void print_json(const options& opts, const allocator_config& config, const repla
               r.peak_allocated_bytes, r.trace_peak_live_bytes, r.peak_reserved_bytes);
   std::printf(" \"frag_ratio\": %.6f, \"segments\": %lld, \"total_ns\": %llu, \"ns_per_op\": %.2f,\n", r.frag_ratio,
               static_cast<long long>(r.segments), static_cast<unsigned long long>(r.total_ns), r.ns_per_op);
+  std::printf(" \"chunk_maps\": %lld, \"chunk_unmaps\": %lld, \"stitched_blocks\": %lld, \"stitch_syncs\": %lld,\n",
+              static_cast<long long>(r.chunk_maps), static_cast<long long>(r.chunk_unmaps),
+              static_cast<long long>(r.stitched_blocks), static_cast<long long>(r.stitch_syncs));
   std::printf(" \"native_segments\": %llu, \"native_peak_reserved_bytes\": %zu, \"native_frag_ratio\": ",
               static_cast<unsigned long long>(r.native_segments), r.native_peak_reserved_bytes);
   if (native) {
@@ -265,6 +268,11 @@ void print_table(const options& opts, const allocator_config& config, const repl
   std::printf("%-16s %-28s %s\n", "reserved/alloc", ours, native ? theirs : not_recorded.c_str());
   std::printf("%-16s %-28lld %s\n", "segments", static_cast<long long>(r.segments),
               native ? std::to_string(r.native_segments).c_str() : not_recorded.c_str());
+  if (r.chunk_maps > 0) {
+    std::printf("%-16s %lld maps, %lld unmaps; %lld stitched blocks after %lld stream syncs\n", "chunks",
+                static_cast<long long>(r.chunk_maps), static_cast<long long>(r.chunk_unmaps),
+                static_cast<long long>(r.stitched_blocks), static_cast<long long>(r.stitch_syncs));
+  }
   std::printf("\nallocate+free   %llu calls in %.3f ms: %.1f ns/op\n", static_cast<unsigned long long>(r.ops),
               static_cast<double>(r.total_ns) / 1e6, r.ns_per_op);
 }

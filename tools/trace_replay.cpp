@@ -100,7 +100,7 @@ replay_result replay_trace(const std::vector<trace_event>& events, caching_alloc
   std::unordered_map<std::uint64_t, void*> live;  // trace address -> allocator pointer
   live.reserve(figures.peak_live_allocations);
   allocator.reset_peak_stats();
-  const std::int64_t device_allocs_before = allocator.stats().num_device_alloc;
+  const device_stats before = allocator.stats();
 
   const trace_event* current = nullptr;
   std::chrono::steady_clock::duration elapsed{};
@@ -139,7 +139,11 @@ replay_result replay_trace(const std::vector<trace_event>& events, caching_alloc
   result.peak_allocated_bytes = static_cast<std::size_t>(stats.requested_bytes[k_all].peak);
   result.peak_reserved_bytes = static_cast<std::size_t>(stats.reserved_bytes[k_all].peak);
   result.frag_ratio = ratio(result.peak_reserved_bytes, result.peak_allocated_bytes);
-  result.segments = stats.num_device_alloc - device_allocs_before;
+  result.segments = stats.num_device_alloc - before.num_device_alloc;
+  result.chunk_maps = stats.num_chunk_maps - before.num_chunk_maps;
+  result.chunk_unmaps = stats.num_chunk_unmaps - before.num_chunk_unmaps;
+  result.stitched_blocks = stats.num_stitched_blocks - before.num_stitched_blocks;
+  result.stitch_syncs = stats.num_stitch_syncs - before.num_stitch_syncs;
   result.total_ns = static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(elapsed).count());
   result.ns_per_op = result.ops == 0 ? 0.0 : static_cast<double>(result.total_ns) / static_cast<double>(result.ops);
   result.native_segments = figures.native_segments;

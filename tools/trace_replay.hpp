@@ -31,6 +31,12 @@ struct replay_result {
   std::size_t peak_reserved_bytes = 0;
   double frag_ratio = 0.0;    // peak reserved / peak allocated (0 when nothing was allocated)
   std::int64_t segments = 0;  // device allocations the allocator made (num_device_alloc)
+  // Expandable segments: chunk map/unmap calls, allocations served by
+  // stitched chunks, stream synchronizations stitching waited for.
+  std::int64_t chunk_maps = 0;
+  std::int64_t chunk_unmaps = 0;
+  std::int64_t stitched_blocks = 0;
+  std::int64_t stitch_syncs = 0;
 
   // Wall time of the allocate/free loop, parsing excluded.
   std::uint64_t total_ns = 0;

@@ -1,7 +1,9 @@
-"""A GPT-2-small-shaped transformer in plain torch, shared by the benchmark
+"""The GPT-2-style transformer in plain torch, defined once for the benchmark
 workloads (training with random sequence lengths, generation with growing
-KV caches) and bench/python_bench.py. Random init: the numbers measured are
-memory and time, not quality.
+KV caches), bench/python_bench.py and the GPU tests
+(tests/python/scripts/train.py and ddp_train.py load this file by path).
+Random init: what is measured is memory, time and agreement between
+allocators, not quality.
 """
 
 import math
@@ -14,11 +16,19 @@ from torch import nn
 
 @dataclass
 class gpt2_config:
+    """GPT-2 small by default. deterministic_attention spells attention out
+    with a causal mask instead of calling scaled_dot_product_attention,
+    whose fused backward kernels are not deterministic (the tests compare
+    losses bit for bit)."""
+
     vocab_size: int = 50257
     n_ctx: int = 1024
     n_embd: int = 768
     n_layer: int = 12
     n_head: int = 12
+    tied_head: bool = True  # lm_head shares the token embedding's weight, as in GPT-2
+    scaled_residual_init: bool = True  # GPT-2's smaller init of the residual projections
+    deterministic_attention: bool = False
 
 
 class causal_self_attention(nn.Module):
@@ -27,6 +37,11 @@ class causal_self_attention(nn.Module):
         self.n_head = config.n_head
         self.qkv = nn.Linear(config.n_embd, 3 * config.n_embd)
         self.proj = nn.Linear(config.n_embd, config.n_embd)
+        mask = None
+        if config.deterministic_attention:
+            # True where a query would see a later position.
+            mask = torch.triu(torch.ones(config.n_ctx, config.n_ctx, dtype=torch.bool), diagonal=1)
+        self.register_buffer("mask", mask, persistent=False)
 
     def forward(self, x, cache=None):
         """With `cache` (a [k, v] list, grown in place by torch.cat the way
@@ -43,8 +58,20 @@ class causal_self_attention(nn.Module):
                 # One new position attends to all earlier ones.
                 causal = length > 1
             cache[0], cache[1] = k, v
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        if self.mask is None:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        else:
+            y = self._masked_attention(q, k, v)
         return self.proj(y.transpose(1, 2).reshape(batch, length, width))
+
+    def _masked_attention(self, q, k, v):
+        """Softmax attention with the mask, softmax in float32; the queries
+        are the last q.shape[2] of the k.shape[2] positions."""
+        queries, keys = q.shape[2], k.shape[2]
+        scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))
+        scores = scores.masked_fill(self.mask[keys - queries : keys, :keys], float("-inf"))
+        weights = torch.softmax(scores.float(), dim=-1).to(v.dtype)
+        return weights @ v
 
 
 class block(nn.Module):
@@ -74,12 +101,13 @@ class gpt2(nn.Module):
         self.blocks = nn.ModuleList(block(c) for _ in range(c.n_layer))
         self.ln_f = nn.LayerNorm(c.n_embd)
         self.lm_head = nn.Linear(c.n_embd, c.vocab_size, bias=False)
-        self.lm_head.weight = self.wte.weight  # tied, as in GPT-2
+        if c.tied_head:
+            self.lm_head.weight = self.wte.weight
         self.apply(self._init_weights)
-        # GPT-2's scaled init of the residual projections.
-        for name, p in self.named_parameters():
-            if name.endswith("proj.weight") or name.endswith("mlp.2.weight"):
-                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * c.n_layer))
+        if c.scaled_residual_init:
+            for name, p in self.named_parameters():
+                if name.endswith("proj.weight") or name.endswith("mlp.2.weight"):
+                    nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * c.n_layer))
 
     @staticmethod
     def _init_weights(module):

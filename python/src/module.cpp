@@ -96,6 +96,7 @@ py::dict segment_dict(const segment_info& s) {
   out["segment_type"] = s.is_small ? "small" : "large";
   out["segment_pool_id"] = py::make_tuple(pool.first, pool.second);
   out["is_expandable"] = s.is_expandable;
+  out["is_stitched"] = s.is_stitched;  // streamalloc only: chunks moved here by stitching
   out["frames"] = py::list();
   py::list blocks;
   for (const block_info& b : s.blocks) blocks.append(block_dict(b));

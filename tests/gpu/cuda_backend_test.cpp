@@ -80,7 +80,6 @@ TEST_CASE("cuda backend: segments come from and go back to the device", "[gpu]")
   STREAMALLOC_REQUIRE_GPU();
   auto backend = backend_for(0);
   CHECK(backend->device_index() == 0);
-  CHECK(!backend->supports_virtual_memory());
 
   device_memory_info before;
   REQUIRE(backend->memory_info(&before).ok());

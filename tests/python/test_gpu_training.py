@@ -1,7 +1,8 @@
-"""Training under streamalloc gives exactly the losses torch's native
-allocator gives: a GPT-2-sized transformer (bf16 autocast, AdamW, variable
-sequence length) and a ResNet-50, same seeds, deterministic kernels, each
-run in its own process (scripts/train.py)."""
+"""Training under streamalloc, with expandable segments (its default) and
+with plain segments, gives exactly the losses torch's native allocator
+gives: a GPT-2-sized transformer (bf16 autocast, AdamW, variable sequence
+length) and a ResNet-50, same seeds, deterministic kernels, each run in its
+own process (scripts/train.py)."""
 
 import math
 
@@ -13,12 +14,23 @@ pytestmark = pytest.mark.gpu
 @pytest.fixture(scope="module")
 def runs(scripts, environment):
     models = ["gpt2"] + (["resnet"] if environment.get("torchvision") else [])
-    return {mode: scripts.run_ok("train.py", mode, *models, timeout=600) for mode in ("native", "streamalloc")}
+    modes = ("native", "streamalloc", "streamalloc_plain")
+    return {mode: scripts.run_ok("train.py", mode, *models, timeout=600) for mode in modes}
+
+
+STREAMALLOC_MODES = ("streamalloc", "streamalloc_plain")
 
 
 def test_each_run_used_the_allocator_it_asked_for(runs):
     assert runs["native"]["allocator"] == "native"
-    assert runs["streamalloc"]["allocator"] == "streamalloc"
+    for mode in STREAMALLOC_MODES:
+        assert runs[mode]["allocator"] == "streamalloc"
+
+
+def test_default_run_used_expandable_segments_and_plain_run_did_not(runs):
+    assert runs["streamalloc"]["gpt2"]["peak_mapped_chunks"] > 0
+    assert runs["streamalloc"]["gpt2"]["chunk_maps"] > 0
+    assert runs["streamalloc_plain"]["gpt2"]["chunk_maps"] == 0
 
 
 # The comparisons are exact, not approximate: with deterministic kernels the
@@ -26,23 +38,28 @@ def test_each_run_used_the_allocator_it_asked_for(runs):
 # aligned to at least 512 bytes, so every kernel takes the same code path and
 # accumulates in the same order.
 def test_gpt2_losses_are_identical(runs):
-    native, ours = runs["native"]["gpt2"], runs["streamalloc"]["gpt2"]
-    assert native["lengths"] == ours["lengths"]
+    native = runs["native"]["gpt2"]
     assert len(set(native["lengths"])) > 1, "the sequence length must vary between steps"
     assert all(math.isfinite(loss) for loss in native["losses"])
-    assert ours["losses"] == native["losses"]
+    for mode in STREAMALLOC_MODES:
+        ours = runs[mode]["gpt2"]
+        assert native["lengths"] == ours["lengths"]
+        assert ours["losses"] == native["losses"], mode
 
 
 @pytest.mark.torchvision
 def test_resnet_losses_are_identical(runs):
-    native, ours = runs["native"]["resnet"], runs["streamalloc"]["resnet"]
-    assert native["batches"] == ours["batches"]
+    native = runs["native"]["resnet"]
     assert all(math.isfinite(loss) for loss in native["losses"])
-    assert ours["losses"] == native["losses"]
+    for mode in STREAMALLOC_MODES:
+        ours = runs[mode]["resnet"]
+        assert native["batches"] == ours["batches"]
+        assert ours["losses"] == native["losses"], mode
 
 
 def test_streamalloc_peak_reserved_covers_peak_allocated(runs):
-    for model in ("gpt2", "resnet"):
-        run = runs["streamalloc"].get(model)
-        if run is not None:
-            assert run["peak_reserved"] >= run["peak_allocated"] > 0
+    for mode in STREAMALLOC_MODES:
+        for model in ("gpt2", "resnet"):
+            run = runs[mode].get(model)
+            if run is not None:
+                assert run["peak_reserved"] >= run["peak_allocated"] > 0

@@ -57,7 +57,8 @@ inline recounted_stats recount(const allocator_snapshot& snapshot, std::size_t m
     const auto total = static_cast<std::int64_t>(seg.total_size);
     detail::add(r.segment, seg.is_small, 1);
     detail::add(r.reserved_bytes, seg.is_small, total);
-    if (seg.total_size >= max_split_bytes) ++r.oversize_segments;
+    // Oversize segments are device allocations; mapped runs never are.
+    if (seg.total_size >= max_split_bytes && !seg.is_expandable) ++r.oversize_segments;
     const bool split_segment = seg.blocks.size() > 1;
     for (const block_info& b : seg.blocks) {
       const auto size = static_cast<std::int64_t>(b.size);

@@ -22,6 +22,7 @@
 #include "streamalloc/util/bytes.hpp"
 #include "streamalloc/util/errors.hpp"
 #include "support/catch.hpp"
+#include "support/contains.hpp"
 #include "support/temp_dir.hpp"
 #include "support/sim_fixture.hpp"
 #include "trace_reader.hpp"
@@ -35,7 +36,7 @@ namespace fs = std::filesystem;
 
 constexpr std::size_t k_size_max = std::numeric_limits<std::size_t>::max();
 
-bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+using streamalloc::test::contains;
 
 // The message of the exception `action` throws as `error_type` ("" if none).
 template <typename error_type, typename Action>

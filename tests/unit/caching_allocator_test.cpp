@@ -347,7 +347,7 @@ TEST_CASE("caching_allocator: freed blocks coalesce with free neighbours", "[cac
 }
 
 TEST_CASE("caching_allocator: oversize blocks (max_split_bytes)", "[caching_allocator]") {
-  sim_fixture f({}, with_max_split(40_MiB));
+  sim_fixture f(streamalloc::test::plain_device(), with_max_split(40_MiB));
   CHECK(f.stats().max_split_size == static_cast<std::int64_t>(40_MiB));
   void* big = f.alloc.allocate(80_MiB, f.s1);
   CHECK(segment_size_of(f, big) == 80_MiB);
@@ -417,7 +417,7 @@ TEST_CASE("caching_allocator: oversize blocks (max_split_bytes)", "[caching_allo
 TEST_CASE("caching_allocator: max_non_split_rounding_bytes bounds oversize reuse", "[caching_allocator]") {
   allocator_config cfg = with_max_split(40_MiB);
   cfg.max_non_split_rounding_bytes = 4_MiB;
-  sim_fixture f({}, cfg);
+  sim_fixture f(streamalloc::test::plain_device(), cfg);
   void* big = f.alloc.allocate(80_MiB, f.s1);
   f.alloc.free(big);
   void* p = f.alloc.allocate(70_MiB, f.s1);  // 10 MiB smaller than the cached block
@@ -543,7 +543,7 @@ TEST_CASE("caching_allocator: record_stream on the block's own stream is a no-op
 TEST_CASE("caching_allocator: private pools keep their segments apart", "[caching_allocator]") {
   allocator_config cfg;
   cfg.cross_stream_reuse = false;  // keeps s2 out of s1's cached segment
-  sim_fixture f({}, cfg);
+  sim_fixture f(streamalloc::test::plain_device(), cfg);
   const pool_id pool = 7;
   void* outside = f.alloc.allocate(4_KiB, f.s1);
   f.alloc.free(outside);  // cached in the default pool

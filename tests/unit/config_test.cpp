@@ -9,6 +9,7 @@
 #include "streamalloc/core/config.hpp"
 #include "streamalloc/util/errors.hpp"
 #include "support/catch.hpp"
+#include "support/contains.hpp"
 
 using namespace streamalloc;
 
@@ -24,7 +25,7 @@ std::string parse_error(const std::string& text) {
   return "<parse('" + text + "') threw nothing>";
 }
 
-bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+using streamalloc::test::contains;
 
 void check_same(const allocator_config& a, const allocator_config& b) {
   CHECK(a.min_block_bytes == b.min_block_bytes);
@@ -40,6 +41,10 @@ void check_same(const allocator_config& a, const allocator_config& b) {
   // Exact: the round trip must not lose a bit.
   CHECK(a.memory_fraction == b.memory_fraction);
   CHECK(a.garbage_collection_threshold == b.garbage_collection_threshold);
+  CHECK(a.expandable_segments == b.expandable_segments);
+  CHECK(a.stitching == b.stitching);
+  CHECK(a.stitch_slack == b.stitch_slack);
+  CHECK(a.vmm_chunk_bytes == b.vmm_chunk_bytes);
 }
 
 // Sets or unsets STREAMALLOC_CONF for one scope.
@@ -119,6 +124,25 @@ TEST_CASE("config: whitespace around tokens and one trailing comma are accepted"
   CHECK(c.min_block_bytes == 512);  // untouched keys keep their defaults
 }
 
+TEST_CASE("config: virtual-memory keys", "[config]") {
+  const allocator_config defaults;
+  CHECK(defaults.expandable_segments);
+  CHECK(defaults.stitching);
+  CHECK(defaults.vmm_chunk_bytes == 2_MiB);
+  const allocator_config c = allocator_config::parse("expandable_segments:False,stitching:False,vmm_chunk_mb:32");
+  CHECK_FALSE(c.expandable_segments);
+  CHECK_FALSE(c.stitching);
+  CHECK(c.vmm_chunk_bytes == 32_MiB);
+  CHECK(contains(parse_error("vmm_chunk_mb:0"), "a positive number of MiB"));
+  CHECK(contains(parse_error("vmm_chunk_mb:1.5"), "vmm_chunk_mb"));
+  CHECK(contains(parse_error("expandable_segments:maybe"), "True or False"));
+  CHECK(allocator_config::parse("stitch_slack:0.02").stitch_slack == 0.02);
+  CHECK(contains(parse_error("stitch_slack:1.5"), "in [0, 1]"));
+  // Chunks hold whole minimum blocks.
+  CHECK(contains(parse_error("min_block_bytes:4194304,small_size_kb:4096,small_segment_mb:8,large_round_mb:4,vmm_chunk_mb:2"),
+                 "vmm_chunk_mb (2 MiB) must be a multiple of min_block_bytes"));
+}
+
 TEST_CASE("config: boolean spellings", "[config]") {
   CHECK(allocator_config::parse("cross_stream_reuse:True").cross_stream_reuse);
   CHECK(allocator_config::parse("cross_stream_reuse:true").cross_stream_reuse);
@@ -133,7 +157,7 @@ TEST_CASE("config: boolean spellings", "[config]") {
 }
 
 TEST_CASE("config: unknown keys are named and every valid key is listed", "[config]") {
-  for (const char* entry : {"expandable_segments:True", "max_split_size:20", "MAX_SPLIT_SIZE_MB:20"}) {
+  for (const char* entry : {"release_lock_on_cudamalloc:True", "max_split_size:20", "MAX_SPLIT_SIZE_MB:20"}) {
     const std::string text = entry;
     INFO(text);
     const std::string e = parse_error(text);
@@ -271,7 +295,7 @@ TEST_CASE("config: cross-key consistency", "[config]") {
   CHECK(contains(parse_error("min_block_bytes:4194304,small_size_kb:4096,small_segment_mb:8,large_round_mb:2"),
                  "large_round_mb (2 MiB) must be a multiple of min_block_bytes"));
   CHECK_NOTHROW(
-      allocator_config::parse("min_block_bytes:4194304,small_size_kb:4096,small_segment_mb:8,large_round_mb:4"));
+      allocator_config::parse("min_block_bytes:4194304,small_size_kb:4096,small_segment_mb:8,large_round_mb:4,vmm_chunk_mb:4"));
 }
 
 TEST_CASE("config: with() applies pairs on top of an existing config", "[config]") {
@@ -319,7 +343,7 @@ TEST_CASE("config: from_environment reads STREAMALLOC_CONF", "[config]") {
 
 TEST_CASE("config: keys() documents every key exactly once", "[config]") {
   const auto& keys = allocator_config::keys();
-  CHECK(keys.size() == 12);
+  CHECK(keys.size() == 16);
   std::set<std::string> names;
   const std::string rendered = allocator_config{}.to_string();
   for (const auto& doc : keys) {
@@ -329,7 +353,8 @@ TEST_CASE("config: keys() documents every key exactly once", "[config]") {
     CHECK(contains(rendered, std::string(doc.key) + ":"));
   }
   for (const char* torch_key :
-       {"max_split_size_mb", "max_non_split_rounding_mb", "roundup_power2_divisions", "garbage_collection_threshold"}) {
+       {"max_split_size_mb", "max_non_split_rounding_mb", "roundup_power2_divisions", "garbage_collection_threshold",
+        "expandable_segments"}) {
     CHECK(names.count(torch_key) == 1);
   }
 }
@@ -342,18 +367,21 @@ TEST_CASE("config: to_string renders every key and round-trips", "[config]") {
     CHECK(text ==
           "min_block_bytes:512,small_size_kb:1024,small_segment_mb:2,large_segment_mb:20,min_large_alloc_mb:10,"
           "large_round_mb:2,max_split_size_mb:unlimited,max_non_split_rounding_mb:20,roundup_power2_divisions:0,"
-          "cross_stream_reuse:True,memory_fraction:1,garbage_collection_threshold:0");
+          "cross_stream_reuse:True,memory_fraction:1,garbage_collection_threshold:0,expandable_segments:True,"
+          "stitching:True,stitch_slack:0.005,vmm_chunk_mb:2");
     check_same(allocator_config::parse(text), c);
   }
   SECTION("every key changed") {
     const allocator_config c = allocator_config::parse(
         "min_block_bytes:256,small_size_kb:768,small_segment_mb:1,large_segment_mb:12,min_large_alloc_mb:12,"
         "large_round_mb:1,max_split_size_mb:1024,max_non_split_rounding_mb:0,roundup_power2_divisions:64,"
-        "cross_stream_reuse:0,memory_fraction:0.1,garbage_collection_threshold:0.95");
+        "cross_stream_reuse:0,memory_fraction:0.1,garbage_collection_threshold:0.95,expandable_segments:false,"
+        "stitching:0,stitch_slack:0.25,vmm_chunk_mb:64");
     const std::string text = c.to_string();
     INFO(text);
     check_same(allocator_config::parse(text), c);
     CHECK(contains(text, "cross_stream_reuse:False"));
+    CHECK(contains(text, "expandable_segments:False,stitching:False,stitch_slack:0.25,vmm_chunk_mb:64"));
     CHECK(contains(text, "memory_fraction:0.1,"));
   }
   SECTION("doubles round-trip bit for bit") {

@@ -10,6 +10,7 @@
 
 #include "streamalloc/util/errors.hpp"
 #include "support/catch.hpp"
+#include "support/contains.hpp"
 #include "support/sim_fixture.hpp"
 
 using namespace streamalloc;
@@ -29,7 +30,7 @@ allocator_config config_with(bool cross_stream, std::size_t max_split_bytes = st
 
 std::int64_t mib(std::size_t n) { return static_cast<std::int64_t>(n << 20); }
 
-bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+using streamalloc::test::contains;
 
 }  // namespace
 

@@ -20,6 +20,7 @@
 #include "streamalloc/streams/sim_host_backend.hpp"
 #include "streamalloc/util/errors.hpp"
 #include "support/catch.hpp"
+#include "support/contains.hpp"
 
 using namespace streamalloc;
 
@@ -57,7 +58,7 @@ std::string message_of(const std::function<void()>& f) {
   return {};
 }
 
-bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+using streamalloc::test::contains;
 
 struct fixture {
   explicit fixture(sim_host_config host = manual(), pinned_pool_config config = {}) : sim(host), pool(sim, config) {}

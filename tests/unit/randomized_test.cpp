@@ -121,8 +121,7 @@ class random_run {
   };
 
   static sim_config make_sim_config(std::uint64_t seed) {
-    sim_config c;
-    c.capacity_bytes = 640_MiB;
+    sim_config c = streamalloc::test::plain_device(640_MiB);
     c.events_complete_immediately = seed % 2 != 0;
     return c;
   }

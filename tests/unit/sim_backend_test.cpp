@@ -1,10 +1,12 @@
 // Tests of sim_backend, the CPU device model every policy test relies on:
-// addresses, capacity, events, virtual memory, fault injection, misuse.
+// addresses, capacity, events, virtual memory, touched work, faults, misuse.
 // Also covers the util error text (status names, format_bytes, OOM message).
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <cstdio>
 #include <functional>
+#include <random>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -605,6 +607,491 @@ TEST_CASE("sim_backend: virtual-memory misuse is rejected without effect", "[sim
     CHECK(backend.free_segment(range, 8_MiB).code() == status_code::invalid_argument);
     CHECK(backend.live_ranges() == 1);
   }
+}
+
+namespace {
+
+// A reserved range of `chunks` + 1 granules with the first `chunks` mapped
+// back to back, 2 MiB each; the last granule stays unmapped.
+void* map_chunks(sim_backend& backend, std::size_t chunks) {
+  void* range = must_reserve(backend, (chunks + 1) * 2_MiB);
+  for (std::size_t i = 0; i < chunks; ++i) {
+    REQUIRE(backend.vm_map(ptr(addr(range) + i * 2_MiB), 2_MiB, must_create_chunk(backend, 2_MiB)).ok());
+  }
+  return range;
+}
+
+void* chunk_at(void* range, std::size_t index) { return ptr(addr(range) + index * 2_MiB); }
+
+status unmap_chunk(sim_backend& backend, void* range, std::size_t index) {
+  return backend.vm_unmap(chunk_at(range, index), 2_MiB);
+}
+
+std::string hex_of(const void* p) {
+  char buffer[32];
+  std::snprintf(buffer, sizeof(buffer), "0x%llx", static_cast<unsigned long long>(addr(p)));
+  return buffer;
+}
+
+}  // namespace
+
+TEST_CASE("sim_backend: unmapping touched memory fails until the stream's work is known done",
+          "[sim_backend][vm][touch]") {
+  sim_backend backend(manual_events());
+  const stream_handle s1 = backend.new_stream();
+  const stream_handle s2 = backend.new_stream();
+  void* range = map_chunks(backend, 2);
+  const event_handle a = must_create_event(backend);
+  const event_handle b = must_create_event(backend);
+
+  backend.touch(s1, ptr(addr(range) + 1_MiB), 4096);
+  CHECK(backend.live_touches() == 1);
+  const status refused = unmap_chunk(backend, range, 0);
+  CHECK(refused.code() == status_code::device_error);
+  CHECK(refused.message() == "sim_backend: vm_unmap: [" + hex_of(range) + ", +2097152) may still be in use by stream " +
+                                 std::to_string(s1) + " (touched, no completed event recorded since)");
+  CHECK(backend.is_device_memory(range, 4_MiB));  // the mapping stays
+  CHECK(backend.mapped_chunks() == 2);
+  CHECK(backend.counters().unsafe_unmaps == 1);
+  CHECK(backend.counters().vm_unmaps == 0);
+  // The untouched neighbour unmaps.
+  REQUIRE(unmap_chunk(backend, range, 1).ok());
+
+  SECTION("a record on the stream after the touch retires it once complete") {
+    REQUIRE(backend.record_event(a, s1).ok());
+    CHECK(unmap_chunk(backend, range, 0).code() == status_code::device_error);
+    CHECK(backend.live_touches() == 1);
+    backend.complete_event(a);
+    CHECK(backend.live_touches() == 0);
+    REQUIRE(unmap_chunk(backend, range, 0).ok());
+    CHECK_FALSE(backend.is_device_memory(range, 1));
+    CHECK(backend.counters().unsafe_unmaps == 2);
+    CHECK(backend.counters().vm_unmaps == 2);
+  }
+
+  SECTION("a completed record on another stream does not") {
+    REQUIRE(backend.record_event(a, s2).ok());
+    backend.complete_event(a);
+    REQUIRE(backend.record_event(b, 0).ok());  // nor one on the default stream
+    backend.complete_event(b);
+    CHECK(unmap_chunk(backend, range, 0).code() == status_code::device_error);
+    CHECK(backend.live_touches() == 1);
+  }
+
+  SECTION("a record made before the touch does not cover it") {
+    void* other = map_chunks(backend, 1);
+    REQUIRE(backend.record_event(a, s1).ok());
+    backend.touch(s1, other, 2_MiB);
+    backend.complete_event(a);
+    CHECK(backend.live_touches() == 1);
+    REQUIRE(unmap_chunk(backend, range, 0).ok());  // touched before a's record
+    CHECK(unmap_chunk(backend, other, 0).code() == status_code::device_error);
+  }
+
+  SECTION("a newer record completing retires older work on its stream") {
+    REQUIRE(backend.record_event(a, s1).ok());
+    REQUIRE(backend.record_event(b, s1).ok());
+    backend.complete_event(b);
+    CHECK_FALSE(query_done(backend, a));  // events still complete one by one
+    REQUIRE(unmap_chunk(backend, range, 0).ok());
+  }
+
+  SECTION("a record replaced by re-recording never covers the touch") {
+    REQUIRE(backend.record_event(a, s1).ok());
+    REQUIRE(backend.record_event(a, s2).ok());
+    backend.complete_event(a);
+    backend.complete_stream(s1);
+    CHECK(unmap_chunk(backend, range, 0).code() == status_code::device_error);
+    REQUIRE(backend.record_event(b, s1).ok());
+    backend.complete_stream(s1);
+    REQUIRE(unmap_chunk(backend, range, 0).ok());
+  }
+
+  SECTION("synchronize_event retires") {
+    REQUIRE(backend.record_event(a, s1).ok());
+    REQUIRE(backend.synchronize_event(a).ok());
+    REQUIRE(unmap_chunk(backend, range, 0).ok());
+  }
+
+  SECTION("complete_stream retires work up to the stream's last record") {
+    REQUIRE(backend.record_event(a, s1).ok());
+    void* other = map_chunks(backend, 1);
+    backend.touch(s1, other, 2_MiB);  // after the last record
+    backend.complete_stream(s2);
+    CHECK(backend.live_touches() == 2);
+    backend.complete_stream(s1);
+    CHECK(backend.live_touches() == 1);
+    REQUIRE(unmap_chunk(backend, range, 0).ok());
+    CHECK(unmap_chunk(backend, other, 0).code() == status_code::device_error);
+  }
+
+  SECTION("complete_all_events retires") {
+    REQUIRE(backend.record_event(a, s1).ok());
+    REQUIRE(backend.record_event(b, s2).ok());
+    backend.complete_all_events();
+    REQUIRE(unmap_chunk(backend, range, 0).ok());
+  }
+
+  SECTION("synchronize_device retires every touch, recorded after or not") {
+    void* other = map_chunks(backend, 1);
+    backend.touch(s2, other, 2_MiB);
+    backend.touch(0, other, 1_MiB);
+    CHECK(backend.live_touches() == 3);
+    REQUIRE(backend.synchronize_device().ok());
+    CHECK(backend.live_touches() == 0);
+    REQUIRE(unmap_chunk(backend, range, 0).ok());
+    REQUIRE(unmap_chunk(backend, other, 0).ok());
+    // Later touches count again.
+    REQUIRE(backend.vm_map(range, 2_MiB, must_create_chunk(backend, 2_MiB)).ok());
+    backend.touch(s1, range, 2_MiB);
+    CHECK(unmap_chunk(backend, range, 0).code() == status_code::device_error);
+  }
+
+  SECTION("a failed synchronize_device retires nothing") {
+    backend.fail_nth(sim_fault_point::synchronize_device, 1, status_code::device_error);
+    CHECK(backend.synchronize_device().code() == status_code::device_error);
+    CHECK(backend.live_touches() == 1);
+    CHECK(unmap_chunk(backend, range, 0).code() == status_code::device_error);
+  }
+
+  SECTION("an injected fault and misuse are reported before the touch") {
+    backend.fail_nth(sim_fault_point::vm_unmap, 1, status_code::no_device);
+    CHECK(unmap_chunk(backend, range, 0).code() == status_code::no_device);
+    CHECK(backend.vm_unmap(range, 4_MiB).code() == status_code::invalid_argument);
+    CHECK(backend.counters().unsafe_unmaps == 1);
+    CHECK(backend.is_device_memory(range, 2_MiB));
+  }
+}
+
+TEST_CASE("sim_backend: a completed record vouches for the records its stream waited on",
+          "[sim_backend][vm][touch]") {
+  // The cross-stream hand-off: the old stream records, the new one waits on
+  // it, and later only the new stream is synchronized.
+  sim_backend backend(manual_events());
+  const stream_handle old_stream = backend.new_stream();
+  const stream_handle new_stream = backend.new_stream();
+  const stream_handle third = backend.new_stream();
+  void* range = map_chunks(backend, 1);
+  const event_handle handoff = must_create_event(backend);
+  const event_handle later = must_create_event(backend);
+  const event_handle last = must_create_event(backend);
+  backend.touch(old_stream, range, 2_MiB);
+  REQUIRE(backend.record_event(handoff, old_stream).ok());
+
+  SECTION("a record after the wait covers the waited-on work") {
+    REQUIRE(backend.stream_wait_event(new_stream, handoff).ok());
+    REQUIRE(backend.record_event(later, new_stream).ok());
+    backend.complete_event(later);
+    CHECK_FALSE(query_done(backend, handoff));  // the event itself completes on its own
+    CHECK(backend.live_touches() == 0);
+    REQUIRE(unmap_chunk(backend, range, 0).ok());
+  }
+
+  SECTION("a record before the wait does not") {
+    REQUIRE(backend.record_event(later, new_stream).ok());
+    REQUIRE(backend.stream_wait_event(new_stream, handoff).ok());
+    backend.complete_event(later);
+    CHECK(unmap_chunk(backend, range, 0).code() == status_code::device_error);
+    REQUIRE(backend.record_event(last, new_stream).ok());
+    REQUIRE(backend.synchronize_event(last).ok());
+    REQUIRE(unmap_chunk(backend, range, 0).ok());
+  }
+
+  SECTION("through a chain of waits") {
+    REQUIRE(backend.stream_wait_event(new_stream, handoff).ok());
+    REQUIRE(backend.record_event(later, new_stream).ok());
+    REQUIRE(backend.stream_wait_event(third, later).ok());
+    REQUIRE(backend.record_event(last, third).ok());
+    backend.complete_stream(third);
+    REQUIRE(unmap_chunk(backend, range, 0).ok());
+  }
+
+  SECTION("a wait on a completed or re-recorded event carries nothing extra") {
+    backend.complete_event(handoff);  // retires the touch by itself
+    CHECK(backend.live_touches() == 0);
+    backend.touch(old_stream, range, 2_MiB);
+    REQUIRE(backend.stream_wait_event(new_stream, handoff).ok());  // waits on finished work only
+    REQUIRE(backend.record_event(later, new_stream).ok());
+    backend.complete_event(later);
+    CHECK(unmap_chunk(backend, range, 0).code() == status_code::device_error);
+  }
+
+  SECTION("the waiting stream's other work is not vouched for by the waited one") {
+    backend.touch(new_stream, range, 1_MiB);
+    REQUIRE(backend.stream_wait_event(new_stream, handoff).ok());
+    backend.complete_event(handoff);
+    CHECK(backend.live_touches() == 1);
+    CHECK(unmap_chunk(backend, range, 0).code() == status_code::device_error);
+  }
+}
+
+TEST_CASE("sim_backend: with immediate events any later record on the stream retires a touch",
+          "[sim_backend][vm][touch]") {
+  sim_backend backend;
+  const stream_handle s1 = backend.new_stream();
+  const stream_handle s2 = backend.new_stream();
+  void* range = map_chunks(backend, 1);
+  const event_handle e = must_create_event(backend);
+  REQUIRE(backend.record_event(e, s1).ok());  // before the touch: covers nothing
+  backend.touch(s1, range, 2_MiB);
+  CHECK(unmap_chunk(backend, range, 0).code() == status_code::device_error);
+  REQUIRE(backend.record_event(e, s2).ok());
+  CHECK(unmap_chunk(backend, range, 0).code() == status_code::device_error);
+  CHECK(backend.live_touches() == 1);
+  REQUIRE(backend.record_event(e, s1).ok());
+  CHECK(backend.live_touches() == 0);
+  REQUIRE(unmap_chunk(backend, range, 0).ok());
+  CHECK(backend.counters().unsafe_unmaps == 2);
+}
+
+TEST_CASE("sim_backend: only touches overlapping the unmapped memory block it", "[sim_backend][vm][touch]") {
+  sim_backend backend(manual_events());
+  const stream_handle s1 = backend.new_stream();
+  const stream_handle s2 = backend.new_stream();
+  void* range = map_chunks(backend, 4);
+  void* segment = must_allocate(backend, 4_MiB);
+  void* elsewhere = map_chunks(backend, 1);
+  backend.touch(s2, segment, 4_MiB);
+  backend.touch(s2, elsewhere, 2_MiB);
+  backend.touch(s2, chunk_at(range, 4), 2_MiB);  // the unmapped tail granule
+
+  SECTION("a touch of exactly one chunk blocks that chunk only") {
+    backend.touch(s1, chunk_at(range, 1), 2_MiB);
+    REQUIRE(unmap_chunk(backend, range, 0).ok());
+    REQUIRE(unmap_chunk(backend, range, 2).ok());
+    CHECK(unmap_chunk(backend, range, 1).code() == status_code::device_error);
+  }
+
+  SECTION("one byte of overlap at either edge blocks") {
+    backend.touch(s1, ptr(addr(range) + 2_MiB - 1), 2);
+    CHECK(unmap_chunk(backend, range, 0).code() == status_code::device_error);
+    CHECK(unmap_chunk(backend, range, 1).code() == status_code::device_error);
+    REQUIRE(unmap_chunk(backend, range, 2).ok());
+  }
+
+  SECTION("a long touch blocks a chunk far from its start, among many small ones") {
+    for (std::size_t i = 0; i < 1000; ++i) backend.touch(s2, ptr(addr(range) + i * 2048), 256);
+    backend.touch(s1, range, 8_MiB);
+    const status refused = unmap_chunk(backend, range, 3);
+    CHECK(refused.code() == status_code::device_error);
+    CHECK(contains(refused.message(), "stream " + std::to_string(s1) + " "));
+    const event_handle e = must_create_event(backend);
+    REQUIRE(backend.record_event(e, s1).ok());
+    backend.complete_event(e);
+    REQUIRE(unmap_chunk(backend, range, 3).ok());
+    CHECK(unmap_chunk(backend, range, 0).code() == status_code::device_error);  // the small ones on s2
+  }
+  CHECK(backend.live_touches() >= 3);
+}
+
+TEST_CASE("sim_backend: freeing a segment or releasing a range drops its touches", "[sim_backend][vm][touch]") {
+  sim_backend backend(manual_events());
+  const stream_handle stream = backend.new_stream();
+  void* freed = must_allocate(backend, 4_MiB);
+  void* kept = must_allocate(backend, 4_MiB);
+  void* released = must_reserve(backend, 8_MiB);
+  void* mapped = map_chunks(backend, 1);
+  backend.touch(stream, freed, 1_MiB);
+  backend.touch(stream, ptr(addr(freed) + 3_MiB), 1_MiB);
+  backend.touch(stream, kept, 4_MiB);
+  backend.touch(stream, ptr(addr(released) + 2_MiB), 6_MiB);
+  backend.touch(stream, mapped, 2_MiB);
+  REQUIRE(backend.live_touches() == 5);
+
+  // A free that fails does nothing, so it synchronizes nothing either.
+  backend.fail_nth(sim_fault_point::free_segment, 1);
+  CHECK_FALSE(backend.free_segment(freed, 4_MiB).ok());
+  CHECK(backend.live_touches() == 5);
+
+  REQUIRE(backend.free_segment(freed, 4_MiB).ok());
+  CHECK(backend.live_touches() == 3);
+  CHECK(backend.vm_release(released, 4_MiB).code() == status_code::invalid_argument);
+  CHECK(backend.live_touches() == 3);
+  REQUIRE(backend.vm_release(released, 8_MiB).ok());
+  CHECK(backend.live_touches() == 2);
+  CHECK(unmap_chunk(backend, mapped, 0).code() == status_code::device_error);
+}
+
+TEST_CASE("sim_backend: touch rejects unknown streams and memory the device does not hold",
+          "[sim_backend][vm][touch]") {
+  sim_backend backend(manual_events());
+  const stream_handle stream = backend.new_stream();
+  void* segment = must_allocate(backend, 4_MiB);
+  void* range = must_reserve(backend, 4_MiB);
+  int host = 0;
+
+  REQUIRE_NOTHROW(backend.touch(stream, ptr(addr(segment) + 1_MiB), 3_MiB));
+  REQUIRE_NOTHROW(backend.touch(0, range, 4_MiB));  // reserved, mapped or not
+  REQUIRE_NOTHROW(backend.touch(stream, &host, 0));  // touches nothing
+  CHECK(backend.live_touches() == 2);
+
+  REQUIRE_THROWS_AS(backend.touch(stream + 1, segment, 1), std::invalid_argument);
+  REQUIRE_THROWS_AS(backend.touch(stream, &host, sizeof(host)), std::invalid_argument);
+  REQUIRE_THROWS_AS(backend.touch(stream, nullptr, 1), std::invalid_argument);
+  REQUIRE_THROWS_AS(backend.touch(stream, segment, 4_MiB + 1), std::invalid_argument);
+  REQUIRE_THROWS_AS(backend.touch(stream, range, 4_MiB + 1), std::invalid_argument);
+  REQUIRE_THROWS_AS(backend.touch(stream, ptr(addr(segment) + 4_MiB), 1), std::invalid_argument);
+  REQUIRE_THROWS_WITH(backend.touch(stream, ptr(~std::uintptr_t{0}), 2),
+                      "sim_backend: touch: [0xffffffffffffffff, +2) is not inside one live segment or reserved range");
+  REQUIRE(backend.free_segment(segment, 4_MiB).ok());
+  REQUIRE_THROWS_AS(backend.touch(stream, segment, 1), std::invalid_argument);
+  CHECK(backend.live_touches() == 1);
+}
+
+TEST_CASE("sim_backend: unmap checks agree with a naive model under many live touches", "[sim_backend][vm][touch]") {
+  // A plain list of every touch, checked in full, against the backend's
+  // pruned index. Two slow streams never complete and pile up thousands of
+  // touches in the first chunks; four fast ones touch anywhere and complete
+  // often, so unmaps elsewhere both fail and succeed.
+  struct naive_touch {
+    std::uintptr_t begin;
+    std::uintptr_t end;
+    std::size_t stream;  // index into streams
+    std::uint64_t sequence;
+  };
+  constexpr std::size_t k_chunks = 64;
+  constexpr std::size_t k_slow_chunks = 8;
+  constexpr std::size_t k_slow_streams = 2;
+  constexpr std::size_t k_streams = 6;
+  constexpr int k_steps = 30000;
+  sim_backend backend(manual_events());
+  void* range = map_chunks(backend, k_chunks);
+  const std::uintptr_t base = addr(range);
+  std::vector<stream_handle> streams;
+  std::vector<event_handle> events;
+  std::vector<std::uint64_t> recorded(k_streams, 0);   // sequence of each stream's event record
+  std::vector<std::uint64_t> completed(k_streams, 0);  // per stream, newest completed sequence
+  for (std::size_t i = 0; i < k_streams; ++i) {
+    streams.push_back(backend.new_stream());
+    events.push_back(must_create_event(backend));
+  }
+  std::vector<bool> mapped(k_chunks, true);
+  std::vector<naive_touch> touches;
+  std::uint64_t next_sequence = 1;
+  std::mt19937_64 rng(20240611);
+  std::size_t refusals = 0;
+  std::size_t unmaps = 0;
+
+  const auto live = [&](const naive_touch& t) { return completed[t.stream] < t.sequence; };
+  const auto naive_blocked = [&](std::uintptr_t begin, std::uintptr_t end) {
+    for (const naive_touch& t : touches) {
+      if (live(t) && t.begin < end && begin < t.end) return true;
+    }
+    return false;
+  };
+  const auto naive_live_count = [&] {
+    return static_cast<std::size_t>(std::count_if(touches.begin(), touches.end(), live));
+  };
+
+  for (int step = 0; step < k_steps; ++step) {
+    CAPTURE(step);
+    const std::size_t s = static_cast<std::size_t>(rng() % k_streams);
+    const bool slow = s < k_slow_streams;
+    const std::uint64_t roll = rng() % 1000;
+    if (roll < 800) {
+      // Mostly small touches, now and then one across several chunks.
+      const std::size_t bytes = rng() % 10 == 0 ? 1 + rng() % 6_MiB : 1 + rng() % 4096;
+      const std::size_t span = (slow ? k_slow_chunks : k_chunks) * 2_MiB;
+      const std::uintptr_t at = base + rng() % (span - bytes);
+      backend.touch(streams[s], ptr(at), bytes);
+      touches.push_back({at, at + bytes, s, next_sequence});
+    } else if (roll < 880) {
+      REQUIRE(backend.record_event(events[s], streams[s]).ok());
+      recorded[s] = next_sequence++;
+    } else if (roll < 940) {
+      if (slow) continue;
+      backend.complete_event(events[s]);
+      completed[s] = std::max(completed[s], recorded[s]);
+    } else {
+      const std::size_t c = static_cast<std::size_t>(rng() % k_chunks);
+      void* at = chunk_at(range, c);
+      if (mapped[c]) {
+        const bool blocked = naive_blocked(addr(at), addr(at) + 2_MiB);
+        const status unmapped = backend.vm_unmap(at, 2_MiB);
+        CHECK(unmapped.ok() == !blocked);
+        if (unmapped.ok()) {
+          mapped[c] = false;
+          ++unmaps;
+        } else {
+          CHECK(unmapped.code() == status_code::device_error);
+          ++refusals;
+        }
+      } else {
+        REQUIRE(backend.vm_map(at, 2_MiB, must_create_chunk(backend, 2_MiB)).ok());
+        mapped[c] = true;
+      }
+    }
+    if (step % 5000 == 4999) CHECK(backend.live_touches() == naive_live_count());
+  }
+  CHECK(naive_live_count() > 5000);
+  CHECK(refusals > 100);
+  CHECK(unmaps > 100);
+  CHECK(backend.counters().unsafe_unmaps == refusals);
+  REQUIRE(backend.synchronize_device().ok());
+  CHECK(backend.live_touches() == 0);
+  for (std::size_t c = 0; c < k_chunks; ++c) {
+    if (mapped[c]) CHECK(unmap_chunk(backend, range, c).ok());
+  }
+}
+
+TEST_CASE("sim_backend: hundreds of device-sized reservations fit in each device's addresses", "[sim_backend][vm]") {
+  // Addresses are never reused, so every reserve/release cycle of a range
+  // as large as an H200 consumes fresh address space: 64 TiB per device.
+  constexpr std::size_t k_h200_bytes = 141_GiB;
+  constexpr std::size_t k_device_span = std::size_t{1} << 46;
+  constexpr std::uintptr_t k_double_exact = std::uintptr_t{1} << 53;
+  // Each range is followed by a one-granule gap.
+  constexpr std::size_t k_fitting_cycles = k_device_span / (k_h200_bytes + 2_MiB);
+  static_assert(k_fitting_cycles >= 400, "room for long randomized runs");
+
+  const auto cycle_until_exhausted = [&](sim_backend& backend, std::uintptr_t* first, std::uintptr_t* last_end) {
+    std::size_t cycles = 0;
+    std::uintptr_t previous_end = 0;
+    for (;;) {
+      void* range = nullptr;
+      const status s = backend.vm_reserve(k_h200_bytes, &range);
+      if (!s.ok()) {
+        CHECK(s.code() == status_code::out_of_memory);
+        CHECK(contains(s.message(), "address space exhausted"));
+        break;
+      }
+      if (cycles == 0) *first = addr(range);
+      CHECK(addr(range) > previous_end);  // fresh addresses, never reused
+      previous_end = addr(range) + k_h200_bytes;
+      REQUIRE(backend.vm_release(range, k_h200_bytes).ok());
+      REQUIRE(++cycles <= k_fitting_cycles);
+    }
+    *last_end = previous_end;
+    CHECK(backend.live_ranges() == 0);
+    return cycles;
+  };
+
+  sim_backend device0;
+  std::uintptr_t first0 = 0;
+  std::uintptr_t end0 = 0;
+  CHECK(cycle_until_exhausted(device0, &first0, &end0) == k_fitting_cycles);
+  // Exhausted for ranges, not for small segments that still fit.
+  void* segment = nullptr;
+  CHECK(device0.allocate_segment(2_MiB, &segment).ok());
+
+  sim_config config;
+  config.device_index = 1;
+  sim_backend device1(config);
+  void* range1 = must_reserve(device1, 2_MiB);
+  CHECK(addr(range1) >= end0);  // device 0 never spills into device 1's addresses
+  CHECK(addr(range1) - first0 == k_device_span);
+
+  config.device_index = 126;
+  sim_backend last_device(config);
+  std::uintptr_t first = 0;
+  std::uintptr_t end = 0;
+  CHECK(cycle_until_exhausted(last_device, &first, &end) == k_fitting_cycles);
+  CHECK(end <= k_double_exact);
+
+  config.device_index = 127;
+  REQUIRE_THROWS_AS(sim_backend(config), std::invalid_argument);
+  config.device_index = -1;
+  REQUIRE_THROWS_AS(sim_backend(config), std::invalid_argument);
 }
 
 namespace {

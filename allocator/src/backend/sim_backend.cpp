@@ -1,6 +1,7 @@
 // sim_backend: the CPU-only device model every policy test runs on. It hands
 // out fake addresses (never dereferenced), accounts capacity, models events
-// whose completion the test controls, and injects faults on request.
+// whose completion the test controls and the work they order, and injects
+// faults on request.
 #include "streamalloc/backend/sim_backend.hpp"
 
 #include <algorithm>
@@ -21,18 +22,36 @@ static_assert(sizeof(std::uintptr_t) >= 8, "the simulated address space needs 64
 static_assert(static_cast<int>(sim_fault_point::vm_unmap) + 1 == k_sim_fault_point_count,
               "k_sim_fault_point_count must match sim_fault_point");
 
+// Each simulated device gets its own 64 TiB of addresses, as GPUs share one
+// unified address space: a pointer never belongs to two devices. Addresses
+// are never reused, so the span bounds the total ever reserved: about 460
+// reservations the size of an H200.
+constexpr std::uintptr_t k_device_address_span = std::uintptr_t{1} << 46;
 // Addresses start far from 0 so a null or small-integer pointer is never
 // mistaken for device memory. Event and chunk handles live in their own
 // ranges so a handle passed in the wrong argument is rejected, not accepted.
-constexpr std::uintptr_t k_first_address = std::uintptr_t{1} << 40;
-// Each simulated device gets its own 1 TiB of addresses, as GPUs share one
-// unified address space: a pointer never belongs to two devices.
-constexpr std::uintptr_t k_device_address_span = std::uintptr_t{1} << 40;
+constexpr std::uintptr_t k_first_address = k_device_address_span;
+// Every address stays below 2^53, so it survives tools that read numbers as
+// doubles (JSON, Python floats).
+constexpr std::uintptr_t k_address_limit = std::uintptr_t{1} << 53;
+constexpr int k_max_device_index = static_cast<int>((k_address_limit - k_first_address) / k_device_address_span) - 1;
 constexpr event_handle k_first_event = (event_handle{1} << 40) + 1;
 constexpr physical_handle k_first_chunk = (physical_handle{1} << 41) + 1;
 constexpr std::size_t k_segment_alignment = 2_MiB;
 
+// Pruning retired touches waits for at least this many, so a handful of
+// touches is never rescanned on every call.
+constexpr std::size_t k_touch_prune_floor = 64;
+
 bool is_power_of_two(std::size_t v) { return v != 0 && (v & (v - 1)) == 0; }
+
+std::uintptr_t first_address_of(int device_index) {
+  if (device_index < 0 || device_index > k_max_device_index) {
+    throw std::invalid_argument("sim_config.device_index must be in [0, " + std::to_string(k_max_device_index) +
+                                "], got " + std::to_string(device_index));
+  }
+  return k_first_address + k_device_address_span * static_cast<std::uintptr_t>(device_index);
+}
 
 // Shrinking the device below what is in use (set_capacity) leaves no room,
 // not a negative amount.
@@ -96,8 +115,12 @@ auto range_containing(range_map_type& ranges, std::uintptr_t address) -> decltyp
 }  // namespace
 
 sim_backend::sim_backend(sim_config config)
-    : config_(config), address_alignment_(k_segment_alignment), next_address_(k_first_address + k_device_address_span * static_cast<std::uintptr_t>(config.device_index)),
-      next_event_(k_first_event), next_chunk_(k_first_chunk) {
+    : config_(config),
+      address_alignment_(k_segment_alignment),
+      next_address_(first_address_of(config.device_index)),
+      address_end_(next_address_ + k_device_address_span),
+      next_event_(k_first_event),
+      next_chunk_(k_first_chunk) {
   if (config_.virtual_memory) {
     // Real granularities are powers of two; the alignment arithmetic relies on it.
     if (!is_power_of_two(config_.vm_granularity_bytes)) {
@@ -131,7 +154,7 @@ std::uintptr_t sim_backend::take_address_locked(std::size_t bytes) {
   // unnoticed by accident of placement.
   if (span > std::numeric_limits<std::size_t>::max() - address_alignment_) return 0;
   span += address_alignment_;
-  if (next_address_ > std::numeric_limits<std::uintptr_t>::max() - span) return 0;
+  if (span > address_end_ - next_address_) return 0;
   const std::uintptr_t base = next_address_;
   next_address_ += span;
   return base;
@@ -160,6 +183,84 @@ bool sim_backend::mapped_locked(std::uintptr_t address, std::size_t bytes) const
     cursor = mapping_end;
   }
   return true;
+}
+
+bool sim_backend::in_segment_locked(std::uintptr_t address, std::size_t bytes) const {
+  auto segment = segments_.upper_bound(address);
+  if (segment == segments_.begin()) return false;
+  --segment;
+  const std::size_t offset = address - segment->first;
+  return offset < segment->second && bytes <= segment->second - offset;
+}
+
+bool sim_backend::known_memory_locked(std::uintptr_t address, std::size_t bytes) const {
+  if (address == 0 || address > std::numeric_limits<std::uintptr_t>::max() - bytes) return false;
+  if (in_segment_locked(address, bytes)) return true;
+  const auto range = range_containing(ranges_, address);
+  return range != ranges_.end() && bytes <= range->second.bytes - (address - range->first);
+}
+
+void sim_backend::complete_locked(event_state& event) {
+  if (!event.pending) return;
+  event.pending = false;
+  advance_locked(event.stream, event.record_sequence);
+}
+
+void sim_backend::advance_locked(stream_handle stream, std::uint64_t sequence) {
+  std::vector<std::pair<stream_handle, std::uint64_t>> work{{stream, sequence}};
+  while (!work.empty()) {
+    const auto [s, through] = work.back();
+    work.pop_back();
+    std::uint64_t& done = completed_through_[s];
+    if (through <= done) continue;
+    done = through;
+    const auto waits = open_waits_.find(s);
+    if (waits == open_waits_.end()) continue;
+    std::deque<wait_edge>& edges = waits->second;
+    while (!edges.empty() && edges.front().position <= through) {
+      work.emplace_back(edges.front().waited_stream, edges.front().waited_sequence);
+      edges.pop_front();
+    }
+  }
+}
+
+bool sim_backend::retired_locked(const touch_state& touch) const {
+  const auto it = completed_through_.find(touch.stream);
+  return it != completed_through_.end() && it->second >= touch.sequence;
+}
+
+sim_backend::touch_map::iterator sim_backend::live_touch_locked(std::uintptr_t begin, std::uintptr_t end) {
+  // A touch overlapping [begin, end) starts at most longest_touch_bytes_
+  // before it, which keeps the scan to the neighbourhood of the range.
+  const std::uintptr_t from = begin > longest_touch_bytes_ ? begin - longest_touch_bytes_ : 0;
+  const auto stop = touches_.lower_bound(end);
+  for (auto it = touches_.lower_bound(from); it != stop;) {
+    if (retired_locked(it->second)) {
+      it = touches_.erase(it);
+    } else if (it->second.end > begin) {
+      return it;
+    } else {
+      ++it;
+    }
+  }
+  return touches_.end();
+}
+
+void sim_backend::drop_touches_locked(std::uintptr_t begin, std::uintptr_t end) {
+  touches_.erase(touches_.lower_bound(begin), touches_.lower_bound(end));
+}
+
+void sim_backend::prune_touches_locked() {
+  longest_touch_bytes_ = 0;
+  for (auto it = touches_.begin(); it != touches_.end();) {
+    if (retired_locked(it->second)) {
+      it = touches_.erase(it);
+    } else {
+      longest_touch_bytes_ = std::max<std::size_t>(longest_touch_bytes_, it->second.end - it->first);
+      ++it;
+    }
+  }
+  touches_after_prune_ = touches_.size();
 }
 
 // --- segments ---
@@ -192,6 +293,8 @@ status sim_backend::free_segment(void* ptr, std::size_t bytes) {
     return invalid("free_segment: " + hex(it->first) + " was allocated with " + std::to_string(it->second) +
                    " bytes, freed with " + std::to_string(bytes));
   }
+  // cudaFree waits for the device, so work touching the segment is over.
+  drop_touches_locked(it->first, it->first + bytes);
   used_bytes_ -= bytes;
   segments_.erase(it);
   ++counters_.segment_frees;
@@ -235,9 +338,10 @@ status sim_backend::record_event(event_handle event, stream_handle stream) {
   if (it == events_.end()) return invalid("record_event: unknown event " + hex(event));
   if (!known_stream_locked(stream)) return invalid("record_event: unknown stream " + hex(stream));
   // A new record replaces the previous one, as cudaEventRecord does.
-  it->second.pending = !config_.events_complete_immediately;
+  it->second.pending = true;
   it->second.stream = stream;
   it->second.record_sequence = next_record_sequence_++;
+  if (config_.events_complete_immediately) complete_locked(it->second);
   ++counters_.event_records;
   return status::success();
 }
@@ -259,7 +363,7 @@ status sim_backend::synchronize_event(event_handle event) {
   if (status s = check_fault_locked(sim_fault_point::synchronize_event); !s) return s;
   const auto it = events_.find(event);
   if (it == events_.end()) return invalid("synchronize_event: unknown event " + hex(event));
-  it->second.pending = false;
+  complete_locked(it->second);
   ++counters_.event_syncs;
   return status::success();
 }
@@ -272,7 +376,10 @@ status sim_backend::stream_wait_event(stream_handle stream, event_handle event) 
   if (it == events_.end()) return invalid("stream_wait_event: unknown event " + hex(event));
   // Waiting on finished work orders nothing; only a wait on a pending record
   // is a hand-off worth reporting through stream_waited_on.
-  if (it->second.pending) waits_.emplace(stream, event);
+  if (it->second.pending) {
+    waits_.emplace(stream, event);
+    open_waits_[stream].push_back({next_record_sequence_, it->second.stream, it->second.record_sequence});
+  }
   ++counters_.stream_waits;
   return status::success();
 }
@@ -280,7 +387,11 @@ status sim_backend::stream_wait_event(stream_handle stream, event_handle event) 
 status sim_backend::synchronize_device() {
   std::lock_guard<std::mutex> lock(mutex_);
   if (status s = check_fault_locked(sim_fault_point::synchronize_device); !s) return s;
-  for (auto& entry : events_) entry.second.pending = false;
+  for (auto& entry : events_) complete_locked(entry.second);
+  // Including work after a stream's last record, which no event covers.
+  touches_.clear();
+  longest_touch_bytes_ = 0;
+  touches_after_prune_ = 0;
   ++counters_.device_syncs;
   return status::success();
 }
@@ -317,6 +428,7 @@ status sim_backend::vm_release(void* range, std::size_t bytes) {
     return invalid("vm_release: range " + hex(it->first) + " still has " +
                    std::to_string(it->second.mappings.size()) + " mapping(s)");
   }
+  drop_touches_locked(it->first, it->first + bytes);
   ranges_.erase(it);
   return status::success();
 }
@@ -405,6 +517,13 @@ status sim_backend::vm_unmap(void* address, std::size_t bytes) {
     return invalid("vm_unmap: the mapping at " + hex(at) + " has " + std::to_string(c.bytes) + " bytes, unmap asks " +
                    std::to_string(bytes));
   }
+  const auto in_use = live_touch_locked(at, at + bytes);
+  if (in_use != touches_.end()) {
+    ++counters_.unsafe_unmaps;
+    return {status_code::device_error, "sim_backend: vm_unmap: [" + hex(at) + ", +" + std::to_string(bytes) +
+                                           ") may still be in use by stream " + std::to_string(in_use->second.stream) +
+                                           " (touched, no completed event recorded since)"};
+  }
   c.mapped_at = 0;
   mappings.erase(mapping);
   ++counters_.vm_unmaps;
@@ -457,18 +576,18 @@ std::vector<event_handle> sim_backend::pending_events() const {
 void sim_backend::complete_event(event_handle event) {
   std::lock_guard<std::mutex> lock(mutex_);
   const auto it = events_.find(event);
-  if (it != events_.end()) it->second.pending = false;
+  if (it != events_.end()) complete_locked(it->second);
 }
 
 void sim_backend::complete_all_events() {
   std::lock_guard<std::mutex> lock(mutex_);
-  for (auto& entry : events_) entry.second.pending = false;
+  for (auto& entry : events_) complete_locked(entry.second);
 }
 
 void sim_backend::complete_stream(stream_handle stream) {
   std::lock_guard<std::mutex> lock(mutex_);
   for (auto& entry : events_) {
-    if (entry.second.stream == stream) entry.second.pending = false;
+    if (entry.second.stream == stream) complete_locked(entry.second);
   }
 }
 
@@ -480,6 +599,23 @@ bool sim_backend::stream_waited_on(stream_handle stream, event_handle event) con
 void sim_backend::set_capacity(std::size_t bytes) {
   std::lock_guard<std::mutex> lock(mutex_);
   config_.capacity_bytes = bytes;
+}
+
+void sim_backend::touch(stream_handle stream, const void* ptr, std::size_t bytes) {
+  const std::uintptr_t at = address_of(ptr);
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!known_stream_locked(stream)) throw std::invalid_argument("sim_backend: touch: unknown stream " + hex(stream));
+  if (bytes == 0) return;
+  // Work on memory the device never handed out would fault on its own; a
+  // touch of it is a test bug that would otherwise block nothing, silently.
+  if (!known_memory_locked(at, bytes)) {
+    throw std::invalid_argument("sim_backend: touch: [" + hex(at) + ", +" + std::to_string(bytes) +
+                                ") is not inside one live segment or reserved range");
+  }
+  touches_.emplace(at, touch_state{at + bytes, stream, next_record_sequence_});
+  longest_touch_bytes_ = std::max(longest_touch_bytes_, bytes);
+  // Amortized: a full pass only after the count has doubled since the last.
+  if (touches_.size() > std::max(2 * touches_after_prune_, k_touch_prune_floor)) prune_touches_locked();
 }
 
 // --- accounting ---
@@ -514,6 +650,12 @@ std::size_t sim_backend::live_chunks() const {
   return chunks_.size();
 }
 
+std::size_t sim_backend::live_touches() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return static_cast<std::size_t>(std::count_if(touches_.begin(), touches_.end(),
+                                                [this](const auto& entry) { return !retired_locked(entry.second); }));
+}
+
 std::size_t sim_backend::mapped_chunks() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return static_cast<std::size_t>(
@@ -531,12 +673,7 @@ bool sim_backend::is_device_memory(const void* ptr, std::size_t bytes) const {
   const std::size_t span = bytes == 0 ? 1 : bytes;
   if (at == 0 || at > std::numeric_limits<std::uintptr_t>::max() - span) return false;
   std::lock_guard<std::mutex> lock(mutex_);
-  auto segment = segments_.upper_bound(at);
-  if (segment != segments_.begin()) {
-    --segment;
-    if (at - segment->first < segment->second && span <= segment->second - (at - segment->first)) return true;
-  }
-  return mapped_locked(at, span);
+  return in_segment_locked(at, span) || mapped_locked(at, span);
 }
 
 }  // namespace streamalloc

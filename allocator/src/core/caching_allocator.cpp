@@ -56,6 +56,19 @@ caching_allocator::caching_allocator(device_backend& backend, allocator_config c
   }
   device_total_bytes_ = info.total_bytes;
   set_fraction_locked(config_.memory_fraction);
+  expandable_ = config_.expandable_segments && backend_.supports_virtual_memory();
+  if (expandable_) {
+    const std::size_t granularity = backend_.vm_granularity();
+    if (granularity == 0 || config_.vmm_chunk_bytes % granularity != 0) {
+      throw config_error("STREAMALLOC_CONF: vmm_chunk_mb (" + std::to_string(config_.vmm_chunk_bytes) +
+                         " bytes) must be a multiple of device " + std::to_string(backend_.device_index()) +
+                         "'s virtual-memory granularity (" + std::to_string(granularity) + " bytes)");
+    }
+    chunk_bytes_ = config_.vmm_chunk_bytes;
+    if (!round_up_checked(std::max(device_total_bytes_, chunk_bytes_), chunk_bytes_, &range_bytes_)) {
+      range_bytes_ = chunk_bytes_;
+    }
+  }
   stats_.max_split_size = config_.max_split_bytes == k_max_size ? -1 : static_cast<std::int64_t>(config_.max_split_bytes);
 }
 
@@ -67,8 +80,9 @@ caching_allocator::~caching_allocator() {
       backend_.destroy_event(entry.event);
     }
   }
+  release_ranges_at_exit();
   for (auto& [address, s] : segments_) {
-    backend_.free_segment(reinterpret_cast<void*>(s->address), s->size);
+    if (!s->expandable) backend_.free_segment(reinterpret_cast<void*>(s->address), s->size);
     block* b = s->first;
     while (b != nullptr) {
       block* next = b->next;
@@ -125,14 +139,14 @@ void* caching_allocator::allocate_locked(std::size_t bytes, stream_handle stream
         release_unused_segments_locked();
       }
     }
-    found = grow_locked(rounded, stream, pool);
+    found = grow_any_locked(rounded, stream, pool, capturing);
   }
 
   // Stage 5: release cached oversize blocks (whole segments) and grow again.
   // No memory is returned during a capture: the graph may still use it.
   if (found == nullptr) {
     ++stats_.num_alloc_retries;
-    if (!capturing && release_available_oversize_locked(rounded, pool)) found = grow_locked(rounded, stream, pool);
+    if (!capturing && release_available_oversize_locked(rounded, pool)) found = grow_any_locked(rounded, stream, pool, capturing);
   }
 
   // Stage 6: wait for every pending free, return every unused cached
@@ -143,7 +157,7 @@ void* caching_allocator::allocate_locked(std::size_t bytes, stream_handle stream
     found = find_free_block_locked(free_set, rounded, stream);
     if (found == nullptr) {
       release_unused_segments_locked();
-      found = grow_locked(rounded, stream, pool);
+      found = grow_any_locked(rounded, stream, pool, capturing);
     }
   }
 
@@ -233,7 +247,7 @@ block* caching_allocator::grow_locked(std::size_t rounded, stream_handle stream,
 void caching_allocator::take_block_locked(block* b, std::size_t rounded, std::size_t requested,
                                           stream_handle remainder_stream) {
   segment* s = b->owner;
-  if (policy_.should_split(b->size, rounded, s->is_small)) {
+  if (policy_.should_split(b->size, rounded, s->is_small, s->expandable)) {
     block* rest = new_block_locked();
     rest->address = b->address + rounded;
     rest->size = b->size - rounded;
@@ -372,7 +386,7 @@ void caching_allocator::return_to_pool_locked(block* b) {
   b->requested_size = 0;
 
   block* merged = b;
-  if (block* prev = b->prev; prev != nullptr && prev->is_free() && prev->stream == b->stream) {
+  if (block* prev = b->prev; prev != nullptr && prev->is_free_mapped() && prev->stream == b->stream) {
     erase_free_locked(prev);
     prev->size += b->size;
     prev->next = b->next;
@@ -380,7 +394,7 @@ void caching_allocator::return_to_pool_locked(block* b) {
     delete_block_locked(b);
     merged = prev;
   }
-  if (block* next = merged->next; next != nullptr && next->is_free() && next->stream == merged->stream) {
+  if (block* next = merged->next; next != nullptr && next->is_free_mapped() && next->stream == merged->stream) {
     erase_free_locked(next);
     merged->size += next->size;
     merged->next = next->next;
@@ -427,7 +441,9 @@ bool caching_allocator::release_available_oversize_locked(std::size_t rounded, p
   if (pool != 0 && !pool_releasable_locked(pool)) return false;
   std::vector<block*> whole;  // unsplit oversize blocks, i.e. whole unused segments
   for (const free_entry& entry : pool_for_locked(pool, false)) {
-    if (policy_.is_oversize(entry.key.size) && !entry.b->is_split()) whole.push_back(entry.b);
+    if (policy_.is_oversize(entry.key.size) && !entry.b->is_split() && !entry.b->owner->expandable) {
+      whole.push_back(entry.b);
+    }
   }
   if (whole.empty()) return false;
   std::sort(whole.begin(), whole.end(), [](const block* a, const block* b) { return a->size < b->size; });
@@ -445,10 +461,15 @@ bool caching_allocator::release_available_oversize_locked(std::size_t rounded, p
 }
 
 void caching_allocator::release_unused_segments_locked() {
+  release_idle_chunks_locked();
   for (auto it = segments_.begin(); it != segments_.end();) {
     segment* s = it->second;
-    ++it;  // release_segment_locked erases s from the map
-    if (pool_releasable_locked(s->pool) && segment_unused(s)) release_segment_locked(s);
+    ++it;  // releasing erases s from the map
+    if (s->expandable) {
+      release_range_locked(s);
+    } else if (pool_releasable_locked(s->pool) && segment_unused(s)) {
+      release_segment_locked(s);
+    }
   }
 }
 
@@ -661,6 +682,10 @@ allocator_snapshot caching_allocator::snapshot() const {
   allocator_snapshot out;
   out.segments.reserve(segments_.size());
   for (const auto& [address, s] : segments_) {
+    if (s->expandable) {
+      snapshot_expandable_locked(s, &out);
+      continue;
+    }
     segment_info info;
     info.device = backend_.device_index();
     info.address = s->address;
@@ -783,12 +808,24 @@ void caching_allocator::validate() const {
     array[0].current += delta;
     array[s->is_small ? 1 : 2].current += delta;
   };
+  std::vector<physical_handle> mapped_chunks;
+  std::size_t unmapped_blocks = 0;
   for (const auto& [address, s] : segments_) {
     if (address != s->address) fail("segment map key differs from segment address");
     if (s->first == nullptr || s->first->prev != nullptr) fail("segment does not start with a first block");
-    bump(recount.segment, s, 1);
-    bump(recount.reserved_bytes, s, static_cast<std::int64_t>(s->size));
-    if (policy_.is_oversize(s->size)) ++recount.oversize_segments.current;
+    if (s->expandable) {
+      if (!expandable_ || s->pool != 0) fail("an expandable segment outside the default pool");
+      validate_expandable_locked(s, &mapped_chunks);
+      bump(recount.reserved_bytes, s, static_cast<std::int64_t>(s->mapped_chunks * s->chunk_bytes));
+      for (const block* b = s->first; b != nullptr; b = b->next) {
+        if (b->mapped && (b->prev == nullptr || !b->prev->mapped)) bump(recount.segment, s, 1);  // a run starts
+        if (!b->mapped) ++unmapped_blocks;
+      }
+    } else {
+      bump(recount.segment, s, 1);
+      bump(recount.reserved_bytes, s, static_cast<std::int64_t>(s->size));
+      if (policy_.is_oversize(s->size)) ++recount.oversize_segments.current;
+    }
     std::uintptr_t expected = s->address;
     for (const block* b = s->first; b != nullptr; b = b->next) {
       if (b->owner != s) fail("block owned by another segment");
@@ -796,6 +833,10 @@ void caching_allocator::validate() const {
       if (b->size == 0) fail("empty block");
       if (b->next != nullptr && b->next->prev != b) fail("broken neighbour links");
       expected += b->size;
+      if (!b->mapped) {
+        if (!s->expandable) fail("an unmapped block in a plain segment");
+        continue;  // checked by validate_expandable_locked
+      }
       const auto size = static_cast<std::int64_t>(b->size);
       if (b->allocated) {
         ++allocated_blocks;
@@ -817,7 +858,9 @@ void caching_allocator::validate() const {
         auto found = s->free_set->find(key_of(b));
         if (found == s->free_set->end() || found->b != b) fail("free block missing from its pool");
         if (b->free_position != found) fail("free block's remembered position is stale");
-        if (b->next != nullptr && b->next->is_free() && b->next->stream == b->stream) fail("adjacent free blocks of one stream not coalesced");
+        if (b->next != nullptr && b->next->is_free_mapped() && b->next->stream == b->stream) {
+          fail("adjacent free blocks of one stream not coalesced");
+        }
         if (b->counted_inactive_split != b->is_split()) fail("inactive-split bookkeeping out of date");
         if (b->is_split()) {
           bump(recount.inactive_split, s, 1);
@@ -840,6 +883,10 @@ void caching_allocator::validate() const {
     }
   });
   if (set_members != free_blocks) fail("free sets hold blocks that are not in any segment");
+  if (unmapped_.small.size() + unmapped_.large.size() != unmapped_blocks) fail("unmapped sets hold stray blocks");
+  std::sort(mapped_chunks.begin(), mapped_chunks.end());
+  if (std::adjacent_find(mapped_chunks.begin(), mapped_chunks.end()) != mapped_chunks.end()) fail("a chunk is mapped twice");
+  if (static_cast<std::int64_t>(mapped_chunks.size()) != stats_.mapped_chunks.current) fail("mapped_chunks stat");
   if (allocated_.size() != allocated_blocks) fail("pointer map holds blocks that are not allocated");
 
   std::int64_t outstanding = static_cast<std::int64_t>(deferred_frees_.size() + awaiting_device_sync_.size());

@@ -214,6 +214,36 @@ const key_handler k_handlers[] = {
        c.garbage_collection_threshold = x;
      },
      [](const allocator_config& c) { return render_real(c.garbage_collection_threshold); }},
+    {"expandable_segments",
+     "PyTorch's key: the default pool maps physical chunks into large reserved address ranges that grow in "
+     "place, where the device supports virtual memory; False = one cudaMalloc per segment (default True).",
+     [](allocator_config& c, std::string_view v) { c.expandable_segments = parse_bool("expandable_segments", v); },
+     [](const allocator_config& c) { return std::string(c.expandable_segments ? "True" : "False"); }},
+    {"stitching",
+     "With expandable segments: when no mapped free block fits, move idle chunks out of free holes to serve "
+     "the request instead of mapping new memory (default True).",
+     [](allocator_config& c, std::string_view v) { c.stitching = parse_bool("stitching", v); },
+     [](const allocator_config& c) { return std::string(c.stitching ? "True" : "False"); }},
+    {"stitch_slack",
+     "With stitching: expandable segments simply grow while reserved memory stays within this fraction "
+     "above the peak of allocated memory; beyond it idle chunks are stitched. 0 <= x <= 1 (default 0.005).",
+     [](allocator_config& c, std::string_view v) {
+       const double x = parse_real("stitch_slack", v, "in [0, 1]");
+       if (!(x >= 0.0 && x <= 1.0)) fail_value("stitch_slack", v, "a decimal number in [0, 1]");
+       c.stitch_slack = x;
+     },
+     [](const allocator_config& c) { return render_real(c.stitch_slack); }},
+    {"vmm_chunk_mb",
+     "Size in MiB of the physical chunks expandable segments map; a multiple of the device's granularity "
+     "(2 MiB on current GPUs) (default 2).",
+     [](allocator_config& c, std::string_view v) {
+       const std::size_t bytes = parse_scaled("vmm_chunk_mb", v, 1_MiB, "MiB");
+       if (bytes == 0) fail_value("vmm_chunk_mb", v, "a positive number of MiB");
+       c.vmm_chunk_bytes = bytes;
+     },
+     [](const allocator_config& c) {
+       return render_scaled(c.vmm_chunk_bytes, 1_MiB, "vmm_chunk_bytes", "vmm_chunk_mb", "MiB");
+     }},
 };
 
 std::string valid_key_list() {
@@ -284,7 +314,8 @@ void check_consistency(const allocator_config& c) {
   // their tail could never become a block.
   const std::pair<const char*, std::size_t> segment_sizes[] = {{"small_segment_mb", c.small_segment_bytes},
                                                                {"large_segment_mb", c.large_segment_bytes},
-                                                               {"large_round_mb", c.large_round_bytes}};
+                                                               {"large_round_mb", c.large_round_bytes},
+                                                               {"vmm_chunk_mb", c.vmm_chunk_bytes}};
   for (const auto& [key, bytes] : segment_sizes) {
     if (bytes % c.min_block_bytes != 0) {
       fail(std::string(key) + " (" + mib_text(bytes) + ") must be a multiple of min_block_bytes (" +

@@ -48,9 +48,9 @@ bool size_policy::segment_size(std::size_t rounded, std::size_t* out) const {
   return round_up_checked(rounded, config_.large_round_bytes, out);
 }
 
-bool size_policy::should_split(std::size_t block_size, std::size_t rounded, bool small) const {
+bool size_policy::should_split(std::size_t block_size, std::size_t rounded, bool small, bool expandable) const {
   const std::size_t remaining = block_size - rounded;
-  if (small) return remaining >= config_.min_block_bytes;
+  if (small || expandable) return remaining >= config_.min_block_bytes;
   // A large remainder is only worth keeping when it could serve a large
   // request; smaller leftovers stay attached (counted as allocated).
   return !is_oversize(rounded) && remaining > config_.small_request_bytes;

@@ -41,6 +41,11 @@ std::map<std::string, double> device_stats::to_map() const {
   out["num_device_free"] = static_cast<double>(num_device_free);
   out["num_cross_stream_reuses"] = static_cast<double>(num_cross_stream_reuses);
   out["max_split_size"] = static_cast<double>(max_split_size);
+  put_counter(out, "vmm.mapped_chunks", mapped_chunks);
+  out["vmm.num_chunk_maps"] = static_cast<double>(num_chunk_maps);
+  out["vmm.num_chunk_unmaps"] = static_cast<double>(num_chunk_unmaps);
+  out["vmm.num_stitched_blocks"] = static_cast<double>(num_stitched_blocks);
+  out["vmm.num_stitch_syncs"] = static_cast<double>(num_stitch_syncs);
   out["fragmentation.largest_free_block_bytes"] = static_cast<double>(largest_free_block_bytes);
   out["fragmentation.free_cached_bytes"] = static_cast<double>(free_cached_bytes);
   out["fragmentation.external"] = external_fragmentation;

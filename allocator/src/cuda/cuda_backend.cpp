@@ -6,11 +6,11 @@
 #include "streamalloc/backend/cuda_device_guard.hpp"
 
 #include <cuda_runtime_api.h>
-#include <nvtx3/nvToolsExt.h>
 
-#include <cstdint>
 #include <string>
 
+#include "nvtx_ranges.hpp"
+#include "streamalloc/backend/vmm_backend.hpp"
 #include "streamalloc/util/errors.hpp"
 
 namespace streamalloc {
@@ -66,45 +66,8 @@ class relaxed_capture_mode {
   cudaStreamCaptureMode mode_ = cudaStreamCaptureModeRelaxed;
 };
 
-// NVTX names are registered once; without an attached tool every NVTX call
-// is a cheap no-op.
-struct trace_names {
-  nvtxDomainHandle_t domain;
-  nvtxStringHandle_t grow;
-  nvtxStringHandle_t release;
-  nvtxStringHandle_t synchronize;
-};
-
-const trace_names& names() {
-  static const trace_names registered = [] {
-    trace_names n{};
-    n.domain = nvtxDomainCreateA("streamalloc");
-    n.grow = nvtxDomainRegisterStringA(n.domain, "streamalloc::grow");
-    n.release = nvtxDomainRegisterStringA(n.domain, "streamalloc::release");
-    n.synchronize = nvtxDomainRegisterStringA(n.domain, "streamalloc::synchronize");
-    return n;
-  }();
-  return registered;
-}
-
-// One NVTX range for the lifetime of the object; the payload is the byte
-// count involved (0 where none applies).
-class trace_range {
- public:
-  trace_range(nvtxStringHandle_t name, std::uint64_t bytes) {
-    nvtxEventAttributes_t attributes{};
-    attributes.version = NVTX_VERSION;
-    attributes.size = NVTX_EVENT_ATTRIB_STRUCT_SIZE;
-    attributes.messageType = NVTX_MESSAGE_TYPE_REGISTERED;
-    attributes.message.registered = name;
-    attributes.payloadType = NVTX_PAYLOAD_TYPE_UNSIGNED_INT64;
-    attributes.payload.ullValue = bytes;
-    nvtxDomainRangePushEx(names().domain, &attributes);
-  }
-  ~trace_range() { nvtxDomainRangePop(names().domain); }
-  trace_range(const trace_range&) = delete;
-  trace_range& operator=(const trace_range&) = delete;
-};
+using detail::names;
+using detail::trace_range;
 
 cudaStream_t to_stream(stream_handle stream) { return reinterpret_cast<cudaStream_t>(stream); }
 cudaEvent_t to_event(event_handle event) { return reinterpret_cast<cudaEvent_t>(event); }
@@ -254,6 +217,9 @@ std::unique_ptr<device_backend> make_cuda_backend(int device, status* error) {
     if (error != nullptr) *error = failed;
     return nullptr;
   }
+  // The allocator's config decides whether the virtual-memory operations
+  // are used; offering them costs nothing when they are not.
+  if (std::unique_ptr<device_backend> vmm = vmm_backend::create(device)) return vmm;
   return std::unique_ptr<device_backend>(new cuda_backend(device));
 }
 

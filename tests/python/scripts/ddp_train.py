@@ -1,6 +1,7 @@
 """DistributedDataParallel training over NCCL, one process per GPU, under
-one allocator: a small causal transformer for a few steps with fixed seeds
-and deterministic kernels. Every rank selects the allocator before CUDA is
+one allocator: a small causal transformer (bench/workloads/gpt2_model.py,
+scaled down, attention spelled out) for a few steps with fixed seeds and
+deterministic kernels. Every rank selects the allocator before CUDA is
 touched; rank 0 prints every rank's losses and a hash of its final weights.
 
 Usage: torchrun --standalone --nproc_per_node=2 ddp_train.py --allocator native|streamalloc [--steps N]
@@ -16,12 +17,12 @@ os.environ.update(NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1", NV
 
 import argparse  # noqa: E402
 import hashlib  # noqa: E402
-import math  # noqa: E402
 import random  # noqa: E402
+import sys  # noqa: E402
 
 import torch  # noqa: E402
 
-from _common import emit, select_allocator  # noqa: E402
+from _common import BENCH_WORKLOADS, emit, select_allocator  # noqa: E402
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--allocator", choices=("native", "streamalloc"), required=True)
@@ -32,9 +33,11 @@ local_rank = int(os.environ["LOCAL_RANK"])
 select_allocator(args.allocator)
 
 import torch.distributed as dist  # noqa: E402
-import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel  # noqa: E402
+
+sys.path.insert(0, BENCH_WORKLOADS)
+from gpt2_model import gpt2, gpt2_config  # noqa: E402
 
 torch.use_deterministic_algorithms(True)
 torch.backends.cudnn.deterministic = True
@@ -47,62 +50,11 @@ LAYERS = 4
 HEADS = 4
 MAX_LEN = 256
 BATCH = 8
-
-
-class CausalSelfAttention(nn.Module):
-    # Spelled out rather than scaled_dot_product_attention, whose fused
-    # backward kernels are not deterministic.
-    def __init__(self):
-        super().__init__()
-        self.qkv = nn.Linear(WIDTH, 3 * WIDTH)
-        self.proj = nn.Linear(WIDTH, WIDTH)
-        mask = torch.triu(torch.ones(MAX_LEN, MAX_LEN, dtype=torch.bool), diagonal=1)
-        self.register_buffer("mask", mask, persistent=False)
-
-    def forward(self, x):
-        batch, length, width = x.shape
-        head_width = width // HEADS
-        q, k, v = self.qkv(x).split(width, dim=2)
-        q, k, v = (t.view(batch, length, HEADS, head_width).transpose(1, 2) for t in (q, k, v))
-        scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(head_width))
-        scores = scores.masked_fill(self.mask[:length, :length], float("-inf"))
-        y = (torch.softmax(scores, dim=-1) @ v).transpose(1, 2).reshape(batch, length, width)
-        return self.proj(y)
-
-
-class Block(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.norm1 = nn.LayerNorm(WIDTH)
-        self.attention = CausalSelfAttention()
-        self.norm2 = nn.LayerNorm(WIDTH)
-        self.mlp = nn.Sequential(nn.Linear(WIDTH, 4 * WIDTH), nn.GELU(approximate="tanh"), nn.Linear(4 * WIDTH, WIDTH))
-
-    def forward(self, x):
-        x = x + self.attention(self.norm1(x))
-        return x + self.mlp(self.norm2(x))
-
-
-class SmallTransformer(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.token_embedding = nn.Embedding(VOCAB, WIDTH)
-        self.position_embedding = nn.Embedding(MAX_LEN, WIDTH)
-        self.blocks = nn.ModuleList(Block() for _ in range(LAYERS))
-        self.norm = nn.LayerNorm(WIDTH)
-        self.head = nn.Linear(WIDTH, VOCAB, bias=False)
-        for module in self.modules():
-            if isinstance(module, (nn.Linear, nn.Embedding)):
-                nn.init.normal_(module.weight, mean=0.0, std=0.02)
-            if isinstance(module, nn.Linear) and module.bias is not None:
-                nn.init.zeros_(module.bias)
-
-    def forward(self, tokens):
-        positions = torch.arange(tokens.shape[1], device=tokens.device)
-        x = self.token_embedding(tokens) + self.position_embedding(positions)
-        for block in self.blocks:
-            x = block(x)
-        return self.head(self.norm(x))
+# A small causal transformer: untied head, every weight drawn from N(0, 0.02).
+MODEL_CONFIG = gpt2_config(
+    vocab_size=VOCAB, n_ctx=MAX_LEN, n_embd=WIDTH, n_layer=LAYERS, n_head=HEADS,
+    tied_head=False, scaled_residual_init=False, deterministic_attention=True,
+)
 
 
 def weights_sha256(model):
@@ -119,7 +71,7 @@ dist.init_process_group("nccl", device_id=device)
 rank, world_size = dist.get_rank(), dist.get_world_size()
 
 torch.manual_seed(SEED)
-model = DistributedDataParallel(SmallTransformer().to(device), device_ids=[local_rank])
+model = DistributedDataParallel(gpt2(MODEL_CONFIG).to(device), device_ids=[local_rank])
 optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1)
 # The same lengths on every rank (DDP needs every rank in each step), each
 # rank its own tokens.

@@ -1,8 +1,9 @@
-"""Trains a GPT-2-sized transformer and a ResNet-50 for a few steps under
-one allocator (argv[1]: native or streamalloc) with fixed seeds and
-deterministic kernels, and prints every step's loss and the peak memory.
+"""Trains a GPT-2-sized transformer (bench/workloads/gpt2_model.py, with
+attention spelled out) and a ResNet-50 for a few steps under one allocator
+(argv[1]: native, streamalloc or streamalloc_plain) with fixed seeds and deterministic kernels,
+and prints every step's loss and the peak memory.
 
-Usage: train.py MODE [gpt2|resnet ...]   (both models by default)
+Usage: train.py MODE [gpt2|resnet ...]   (both models by default; MODE as select_allocator)
 """
 
 import os
@@ -11,12 +12,11 @@ import sys
 # cuBLAS reads this when it first initialises; deterministic mode needs it.
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
-import math  # noqa: E402
 import random  # noqa: E402
 
 import torch  # noqa: E402
 
-from _common import emit, select_allocator  # noqa: E402
+from _common import BENCH_WORKLOADS, emit, select_allocator  # noqa: E402
 
 MODE = sys.argv[1] if len(sys.argv) > 1 else "native"
 MODELS = sys.argv[2:] or ["gpt2", "resnet"]
@@ -25,73 +25,17 @@ select_allocator(MODE)
 import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
+sys.path.insert(0, BENCH_WORKLOADS)
+from gpt2_model import gpt2, gpt2_config  # noqa: E402
+
 torch.use_deterministic_algorithms(True)
 torch.backends.cudnn.deterministic = True
 torch.backends.cudnn.benchmark = False
 
 SEED = 1234
-
-
-class CausalSelfAttention(nn.Module):
-    # Attention is spelled out rather than taken from
-    # scaled_dot_product_attention, whose fused backward kernels are not
-    # deterministic.
-    def __init__(self, width: int, heads: int, max_len: int):
-        super().__init__()
-        self.heads = heads
-        self.qkv = nn.Linear(width, 3 * width)
-        self.proj = nn.Linear(width, width)
-        mask = torch.triu(torch.ones(max_len, max_len, dtype=torch.bool), diagonal=1)
-        self.register_buffer("mask", mask, persistent=False)
-
-    def forward(self, x):
-        batch, length, width = x.shape
-        head_width = width // self.heads
-        q, k, v = self.qkv(x).split(width, dim=2)
-        q, k, v = (t.view(batch, length, self.heads, head_width).transpose(1, 2) for t in (q, k, v))
-        scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(head_width))
-        scores = scores.masked_fill(self.mask[:length, :length], float("-inf"))
-        weights = torch.softmax(scores.float(), dim=-1).to(v.dtype)
-        y = (weights @ v).transpose(1, 2).reshape(batch, length, width)
-        return self.proj(y)
-
-
-class TransformerBlock(nn.Module):
-    def __init__(self, width: int, heads: int, max_len: int):
-        super().__init__()
-        self.norm1 = nn.LayerNorm(width)
-        self.attention = CausalSelfAttention(width, heads, max_len)
-        self.norm2 = nn.LayerNorm(width)
-        self.mlp = nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(approximate="tanh"), nn.Linear(4 * width, width))
-
-    def forward(self, x):
-        x = x + self.attention(self.norm1(x))
-        return x + self.mlp(self.norm2(x))
-
-
-class GPT2(nn.Module):
-    """GPT-2 small's shape: 12 layers, width 768, 12 heads, 50257 tokens."""
-
-    def __init__(self, vocab=50257, width=768, layers=12, heads=12, max_len=1024):
-        super().__init__()
-        self.token_embedding = nn.Embedding(vocab, width)
-        self.position_embedding = nn.Embedding(max_len, width)
-        self.blocks = nn.ModuleList(TransformerBlock(width, heads, max_len) for _ in range(layers))
-        self.norm = nn.LayerNorm(width)
-        self.head = nn.Linear(width, vocab, bias=False)
-        self.head.weight = self.token_embedding.weight
-        for module in self.modules():
-            if isinstance(module, (nn.Linear, nn.Embedding)):
-                nn.init.normal_(module.weight, mean=0.0, std=0.02)
-            if isinstance(module, nn.Linear) and module.bias is not None:
-                nn.init.zeros_(module.bias)
-
-    def forward(self, tokens):
-        positions = torch.arange(tokens.shape[1], device=tokens.device)
-        x = self.token_embedding(tokens) + self.position_embedding(positions)
-        for block in self.blocks:
-            x = block(x)
-        return self.head(self.norm(x))
+# GPT-2 small's shape (12 layers, width 768, 12 heads, 50257 tokens), head
+# tied to the token embedding, every weight drawn from N(0, 0.02).
+GPT2_CONFIG = gpt2_config(scaled_residual_init=False, deterministic_attention=True)
 
 
 class GlobalMeanPool(nn.Module):
@@ -102,17 +46,24 @@ class GlobalMeanPool(nn.Module):
 
 
 def peak_memory():
-    return {
+    peaks = {
         "peak_allocated": torch.cuda.max_memory_allocated(),
         "peak_reserved": torch.cuda.max_memory_reserved(),
     }
+    if MODE != "native":
+        import streamalloc
+
+        stats = streamalloc.stats()
+        peaks["peak_mapped_chunks"] = stats["vmm.mapped_chunks.peak"]
+        peaks["chunk_maps"] = stats["vmm.num_chunk_maps"]
+    return peaks
 
 
 def train_gpt2(steps=6, batch=8, min_len=32, max_len=512):
     torch.manual_seed(SEED)
     lengths = random.Random(SEED)
     data = torch.Generator().manual_seed(SEED)
-    model = GPT2().cuda()
+    model = gpt2(GPT2_CONFIG).cuda()
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1)
     losses, seen_lengths = [], []
     for _ in range(steps):

@@ -9,7 +9,7 @@
 
 namespace streamalloc {
 
-class cuda_backend final : public device_backend {
+class cuda_backend : public device_backend {
  public:
   ~cuda_backend() override = default;
 
@@ -25,18 +25,24 @@ class cuda_backend final : public device_backend {
   status stream_wait_event(stream_handle stream, event_handle event) override;
   status synchronize_device() override;
 
- private:
-  // Only make_cuda_backend constructs one: it checks the index first.
+ protected:
+  // Only make_cuda_backend constructs one (directly or as a vmm_backend):
+  // it checks the index first.
   explicit cuda_backend(int device) : device_(device) {}
   friend std::unique_ptr<device_backend> make_cuda_backend(int device, status* error);
 
+ private:
   int device_;
 };
 
 // The backend for CUDA device `device`, or nullptr with *error set
 // (status_code::no_device when there is no GPU, no usable driver, or no
 // such index). Matches device_allocators::backend_factory. `error` may be
-// null; it is written only on failure.
+// null; it is written only on failure. When the driver offers the virtual
+// memory API on that device (every entry point vmm_backend needs resolves,
+// CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED is set and the
+// granularity query answers) the result is a vmm_backend, whose
+// supports_virtual_memory() is true; otherwise a plain cuda_backend.
 std::unique_ptr<device_backend> make_cuda_backend(int device, status* error);
 
 // Number of visible CUDA devices; 0 with *error set (no_device) when the

@@ -1,11 +1,12 @@
 // sim_backend: a CPU-only simulated device. Fake but unique addresses,
 // capacity and physical-page accounting, optional virtual memory, events
-// whose completion the test controls, and fault injection. All allocator
-// policy is tested against it on machines without a GPU.
+// whose completion the test controls, work that may still be running, and
+// fault injection. All allocator policy is tested against it without a GPU.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <mutex>
 #include <set>
@@ -35,7 +36,7 @@ enum class sim_fault_point {
 constexpr int k_sim_fault_point_count = 12;
 
 struct sim_config {
-  int device_index = 0;
+  int device_index = 0;  // 0..126: each index gets its own 64 TiB of addresses
   std::size_t capacity_bytes = 80_GiB;
   bool events_complete_immediately = true;  // false: the test completes them
   bool virtual_memory = true;
@@ -55,6 +56,9 @@ struct sim_counters {
   std::size_t device_syncs = 0;
   std::size_t vm_maps = 0;
   std::size_t vm_unmaps = 0;
+  // vm_unmap calls refused because touched memory may still be in use: each
+  // one is a fault a real GPU would have taken.
+  std::size_t unsafe_unmaps = 0;
 };
 
 class sim_backend final : public device_backend {
@@ -81,6 +85,8 @@ class sim_backend final : public device_backend {
   status vm_create(std::size_t bytes, physical_handle* out) override;
   status vm_destroy(physical_handle chunk) override;
   status vm_map(void* address, std::size_t bytes, physical_handle chunk) override;
+  // Fails with device_error, mapping kept, while an unretired touch
+  // overlaps the mapping (see touch()).
   status vm_unmap(void* address, std::size_t bytes) override;
 
   // --- test controls ---
@@ -104,6 +110,20 @@ class sim_backend final : public device_backend {
   bool stream_waited_on(stream_handle stream, event_handle event) const;
   // Shrinks or grows the device (models other processes taking memory).
   void set_capacity(std::size_t bytes);
+  // Work queued on `stream` reads or writes [ptr, ptr+bytes) and may still be
+  // running. It retires once an event recorded on `stream` after the touch
+  // completes (complete_event, complete_stream, complete_all_events,
+  // synchronize_event, or at once with events_complete_immediately), on
+  // synchronize_device, or when its segment is freed or its range released;
+  // until then vm_unmap of memory it overlaps fails, as a GPU would fault.
+  // A completed record also vouches for every record its stream waited on
+  // before it (stream_wait_event), as device ordering does, so a block
+  // handed to another stream is safe once that stream syncs. complete_stream
+  // alone does not retire a touch made after the stream's last record:
+  // nothing on the host could have observed that work finish.
+  // Throws std::invalid_argument for an unknown stream or a span that is not
+  // inside one live segment or reserved range.
+  void touch(stream_handle stream, const void* ptr, std::size_t bytes);
 
   // --- accounting ---
   std::size_t capacity_bytes() const;
@@ -113,6 +133,7 @@ class sim_backend final : public device_backend {
   std::size_t live_ranges() const;
   std::size_t live_chunks() const;
   std::size_t mapped_chunks() const;
+  std::size_t live_touches() const;  // touches not yet retired
   sim_counters counters() const;
   // Whether [ptr, ptr+bytes) lies inside a live segment or a mapped range.
   bool is_device_memory(const void* ptr, std::size_t bytes) const;
@@ -131,8 +152,23 @@ class sim_backend final : public device_backend {
     std::size_t bytes = 0;
     std::map<std::uintptr_t, physical_handle> mappings;  // offset address -> chunk
   };
+  // `waiter` waited (stream_wait_event) on a pending record: once work on
+  // `waiter` at or after `position` is done, so is that record.
+  struct wait_edge {
+    std::uint64_t position = 0;
+    stream_handle waited_stream = 0;
+    std::uint64_t waited_sequence = 0;
+  };
+  struct touch_state {
+    std::uintptr_t end = 0;
+    stream_handle stream = 0;
+    // The record sequence current at touch time: records at or after it on
+    // `stream` follow the touched work in stream order.
+    std::uint64_t sequence = 0;
+  };
 
   using range_map = std::map<std::uintptr_t, range_state>;
+  using touch_map = std::multimap<std::uintptr_t, touch_state>;  // start -> touch
 
   status check_fault_locked(sim_fault_point point);
   // A fresh aligned base for `bytes`, followed by an unused gap; 0 when the
@@ -142,11 +178,28 @@ class sim_backend final : public device_backend {
   bool known_stream_locked(stream_handle stream) const;
   // Whether [address, address+bytes) is covered by contiguous mappings.
   bool mapped_locked(std::uintptr_t address, std::size_t bytes) const;
+  // Whether [address, address+bytes) lies inside one live segment.
+  bool in_segment_locked(std::uintptr_t address, std::size_t bytes) const;
+  // Whether it lies inside one live segment or one reserved range, mapped or not.
+  bool known_memory_locked(std::uintptr_t address, std::size_t bytes) const;
+  // Marks a pending record complete; work before it on its stream is done.
+  void complete_locked(event_state& event);
+  // Work on `stream` through record `sequence` is done, and with it every
+  // record that work waited on, transitively.
+  void advance_locked(stream_handle stream, std::uint64_t sequence);
+  bool retired_locked(const touch_state& touch) const;
+  // The lowest unretired touch overlapping [begin, end), or end(); retired
+  // touches met on the way are dropped.
+  touch_map::iterator live_touch_locked(std::uintptr_t begin, std::uintptr_t end);
+  // Drops every touch that starts in [begin, end).
+  void drop_touches_locked(std::uintptr_t begin, std::uintptr_t end);
+  void prune_touches_locked();
 
   sim_config config_;
   mutable std::mutex mutex_;
   std::size_t address_alignment_;  // of every segment and range base
   std::uintptr_t next_address_;
+  std::uintptr_t address_end_;  // of this device's span
   stream_handle next_stream_ = 1;
   event_handle next_event_ = 1;
   physical_handle next_chunk_ = 1;
@@ -157,6 +210,16 @@ class sim_backend final : public device_backend {
   range_map ranges_;  // base -> range
   std::unordered_map<physical_handle, chunk_state> chunks_;
   std::set<std::pair<stream_handle, event_handle>> waits_;
+  // Per stream, the newest record sequence known complete. Streams run in
+  // order, so every touch on the stream at or before it is retired.
+  std::unordered_map<stream_handle, std::uint64_t> completed_through_;
+  // Per waiting stream, its waits on pending records not yet known done,
+  // oldest first.
+  std::unordered_map<stream_handle, std::deque<wait_edge>> open_waits_;
+  touch_map touches_;
+  // Bounds how far before an unmapped address an overlapping touch can start.
+  std::size_t longest_touch_bytes_ = 0;
+  std::size_t touches_after_prune_ = 0;  // pruning waits until the count doubles
   struct fault_rule {
     std::size_t countdown = 0;  // fail when it reaches 1; 0 = no one-shot rule
     status_code nth_code = status_code::out_of_memory;

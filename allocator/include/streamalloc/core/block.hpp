@@ -13,6 +13,13 @@
 //   block (record_stream).  The allocating stream is the block's stream.
 // - pending free: a block the program freed while stream uses may still be
 //   running; it returns to its pool once their events complete.
+// - expandable segment: a reserved address range whose chunks are mapped
+//   and unmapped one by one (Note [expandable segments]); its blocks tile
+//   the whole range and each is either mapped or unmapped.
+// - chunk: the unit of physical memory mapped into an expandable segment.
+//   An idle chunk lies wholly inside one free mapped block.
+// - stitching: unmapping idle chunks from free holes and mapping them
+//   where a request needs memory (Note [stitching]).
 #pragma once
 
 #include <cstddef>
@@ -67,6 +74,9 @@ struct block {
   block* prev = nullptr;  // address neighbours inside the segment
   block* next = nullptr;
   bool allocated = false;
+  // false: a free, chunk-aligned stretch of an expandable segment with no
+  // memory behind it, kept in its pool's unmapped set (stream 0).
+  bool mapped = true;
   bool counted_inactive_split = false;  // contributes to inactive_split stats
   int pending_events = 0;               // > 0: pending free
   std::vector<stream_handle> stream_uses;
@@ -75,7 +85,10 @@ struct block {
   free_block_set::iterator free_position;
 
   bool is_free() const { return !allocated && pending_events == 0; }
-  bool is_split() const { return prev != nullptr || next != nullptr; }
+  // A free block whose memory can be reused or coalesced.
+  bool is_free_mapped() const { return is_free() && mapped; }
+  // Shares its (mapped part of a) segment with other blocks.
+  bool is_split() const { return (prev != nullptr && prev->mapped) || (next != nullptr && next->mapped); }
 };
 
 inline block_key key_of(const block* b) { return {b->stream, b->size, b->address}; }
@@ -88,6 +101,18 @@ struct segment {
   pool_id pool = 0;
   free_block_set* free_set = nullptr;  // where its free blocks are cached
   block* first = nullptr;
+
+  // --- expandable segments only (size is the reserved range) ---
+  bool expandable = false;
+  free_block_set* unmapped_set = nullptr;  // where its unmapped blocks are kept
+  std::size_t chunk_bytes = 0;
+  // One entry per chunk slot of the range: the chunk mapped there (0 when
+  // unmapped) and whether it arrived by stitching.
+  std::vector<physical_handle> chunks;
+  std::vector<bool> stitched;
+  std::size_t mapped_chunks = 0;
+
+  std::size_t slot_of(std::uintptr_t at) const { return (at - address) / chunk_bytes; }
 };
 
 }  // namespace streamalloc

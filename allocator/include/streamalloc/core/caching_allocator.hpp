@@ -108,11 +108,45 @@ class caching_allocator {
     event_handle event;
     block* owner;
   };
+  // Where an expandable segment can serve a request: the front of unmapped
+  // block `target`, extended backwards over `prefix` (a free mapped block of
+  // the requesting stream just before it) when there is one.
+  struct placement {
+    block* target = nullptr;
+    block* prefix = nullptr;
+    std::size_t chunks = 0;  // chunks to map at target's start
+  };
 
   void* allocate_locked(std::size_t bytes, stream_handle stream, pool_id pool);
   block* find_free_block_locked(free_block_set& pool, std::size_t rounded, stream_handle stream);
   block* borrow_from_other_stream_locked(free_block_set& pool, std::size_t rounded, stream_handle stream);
   block* grow_locked(std::size_t rounded, stream_handle stream, pool_id pool);
+  // Growth through whichever kind of segment `pool` uses.
+  block* grow_any_locked(std::size_t rounded, stream_handle stream, pool_id pool, bool capturing);
+  bool uses_expandable(pool_id pool) const { return pool == 0 && expandable_; }
+
+  // --- expandable segments and stitching (expandable_segments.cpp) ---
+  block* grow_expandable_locked(std::size_t rounded, stream_handle stream, bool may_stitch);
+  bool growth_within_slack_locked(std::size_t chunks, std::size_t rounded) const;
+  placement place_locked(const free_block_set& unmapped, std::size_t rounded, stream_handle stream) const;
+  segment* reserve_range_locked(std::size_t rounded, bool small);
+  std::size_t steal_idle_chunks_locked(std::size_t wanted, const placement& where, std::vector<physical_handle>* out);
+  std::size_t idle_chunks(const block* b) const;
+  std::size_t unmap_idle_chunks_locked(block* b, std::size_t max_chunks, std::vector<physical_handle>* keep);
+  status map_chunks_locked(block* target, const std::vector<physical_handle>& handles, std::size_t stolen);
+  void destroy_chunks_locked(const std::vector<physical_handle>& handles);
+  block* take_mapped_front_locked(const placement& where, stream_handle stream);
+  void insert_unmapped_locked(block* b);
+  void refresh_split_count_locked(block* b);
+  block* absorb_following_free_locked(block* b);
+  void release_idle_chunks_locked();
+  bool release_range_locked(segment* s);
+  void release_ranges_at_exit();
+  void snapshot_expandable_locked(const segment* s, allocator_snapshot* out) const;
+  void validate_expandable_locked(const segment* s, std::vector<physical_handle>* seen) const;
+  std::int64_t mapped_neighbours(const block* left, const block* right) const {
+    return (left != nullptr && left->mapped ? 1 : 0) + (right != nullptr && right->mapped ? 1 : 0);
+  }
   void take_block_locked(block* b, std::size_t rounded, std::size_t requested, stream_handle remainder_stream);
   void return_to_pool_locked(block* b);
   void insert_free_locked(block* b);
@@ -162,6 +196,12 @@ class caching_allocator {
   std::size_t allowed_bytes_ = 0;  // memory-fraction cap
   double fraction_ = 1.0;
   pool_pair default_pool_{&set_nodes_};
+  // Expandable segments: whether the default pool uses them, their chunk
+  // size, the size of a fresh range, and the unmapped blocks per pool kind.
+  bool expandable_ = false;
+  std::size_t chunk_bytes_ = 0;
+  std::size_t range_bytes_ = 0;
+  pool_pair unmapped_{&set_nodes_};
   std::map<pool_id, private_pool> private_pools_;
   std::vector<capture> captures_;
   std::atomic<int> capture_count_{0};

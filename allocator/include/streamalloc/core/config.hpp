@@ -38,6 +38,20 @@ struct allocator_config {
   // Free cached memory when reserved exceeds this fraction of the cap before
   // growing (0 = off), as torch's garbage_collection_threshold.
   double garbage_collection_threshold = 0.0;
+  // Note [expandable segments]: the default pool grows by mapping physical
+  // chunks at the end of reserved address ranges (when the backend supports
+  // virtual memory) instead of allocating separate segments.
+  bool expandable_segments = true;
+  // Note [stitching]: when no mapped free block fits, idle chunks are moved
+  // out of free holes to where the request goes instead of creating more.
+  bool stitching = true;
+  // Growth that keeps reserved memory within this fraction above the peak
+  // of allocated memory maps new chunks; only beyond it does stitching move
+  // idle chunks (which costs stream synchronizations and remapping).
+  double stitch_slack = 0.005;
+  // Size of the physical chunks expandable segments map; a multiple of the
+  // device's virtual-memory granularity.
+  std::size_t vmm_chunk_bytes = 2_MiB;
 
   // Parses `text`; throws config_error naming the key and listing valid keys.
   // Keys not mentioned keep the defaults above. A key may appear once.

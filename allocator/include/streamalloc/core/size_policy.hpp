@@ -18,8 +18,9 @@ class size_policy {
   // Size of the segment to create for a rounded request; false on overflow.
   bool segment_size(std::size_t rounded, std::size_t* out) const;
   // Whether a block of `block_size` serving `rounded` leaves a remainder
-  // worth splitting off.
-  bool should_split(std::size_t block_size, std::size_t rounded, bool small) const;
+  // worth splitting off. In an expandable segment every remainder is: it
+  // coalesces with its neighbours instead of being stranded in a segment.
+  bool should_split(std::size_t block_size, std::size_t rounded, bool small, bool expandable) const;
   bool is_oversize(std::size_t bytes) const { return bytes >= config_.max_split_bytes; }
   // Whether a cached block of `block_size` may serve `rounded` at all.
   bool may_reuse(std::size_t block_size, std::size_t rounded) const;

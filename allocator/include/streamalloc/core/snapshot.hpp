@@ -35,7 +35,10 @@ struct segment_info {
   stream_handle stream = 0;
   bool is_small = false;  // torch's segment_type "small" / "large"
   pool_id pool = 0;
+  // An expandable segment appears as one entry per contiguous mapped run;
+  // stitched: some of the run's chunks were moved there from a free hole.
   bool is_expandable = false;
+  bool is_stitched = false;
   std::vector<block_info> blocks;  // in address order, covering the segment
 };
 

@@ -55,6 +55,15 @@ struct device_stats {
   std::int64_t num_cross_stream_reuses = 0;
   std::int64_t max_split_size = 0;  // -1 when unlimited, like torch
 
+  // Expandable segments (under "vmm.*"): chunks mapped now, map and unmap
+  // calls, allocations served by stitched chunks, and the stream
+  // synchronizations stitching waited for.
+  stat_counter mapped_chunks;
+  std::int64_t num_chunk_maps = 0;
+  std::int64_t num_chunk_unmaps = 0;
+  std::int64_t num_stitched_blocks = 0;
+  std::int64_t num_stitch_syncs = 0;
+
   // Fragmentation (computed at read time from the free cached blocks).
   std::int64_t largest_free_block_bytes = 0;
   std::int64_t free_cached_bytes = 0;

@@ -1,0 +1,563 @@
+// Expandable segments and stitching: the default pool's memory lives in
+// large reserved address ranges whose chunks are mapped one at a time, so a
+// growing workload extends what it has instead of stranding half-used
+// segments, and idle chunks can be moved to where a request needs them.
+//
+// Note [expandable segments]: a range is reserved (address space only) the
+// size of the device; its blocks tile it and are either mapped or unmapped.
+// Unmapped blocks are free, chunk-aligned, coalesced with each other, and
+// kept in the pool's unmapped set. A request that no mapped free block
+// serves maps chunks at the front of an unmapped block, extending backwards
+// over the requesting stream's free mapped block just before it (the tail
+// of the last chunk mapped), so consecutive growth packs without rounding
+// waste. Reserved memory is the mapped chunks; the "segment" stat and the
+// snapshot count each contiguous mapped run as one segment.
+//
+// Note [stitching]: before new chunks are created, idle chunks (wholly
+// inside free mapped blocks: the holes of fragmentation) are unmapped and
+// mapped where the request goes, so reserved memory stays near the live
+// bytes. Unmapping memory a queued kernel may still touch would fault, so
+// the streams of the donor blocks are synchronized first (one event each).
+// Only the slow path stitches; the result is an ordinary cached block.
+// Chunks go back to the device on empty_cache and under memory pressure,
+// after a device synchronization.
+#include <algorithm>
+#include <limits>
+#include <string>
+
+#include "streamalloc/core/caching_allocator.hpp"
+#include "streamalloc/util/errors.hpp"
+
+namespace streamalloc {
+namespace {
+
+std::size_t chunks_for(std::size_t bytes, std::size_t chunk) { return (bytes + chunk - 1) / chunk; }
+
+void* to_pointer(std::uintptr_t address) { return reinterpret_cast<void*>(address); }
+
+}  // namespace
+
+block* caching_allocator::grow_any_locked(std::size_t rounded, stream_handle stream, pool_id pool, bool capturing) {
+  // Stitching synchronizes streams, which a capture forbids.
+  return uses_expandable(pool) ? grow_expandable_locked(rounded, stream, !capturing) : grow_locked(rounded, stream, pool);
+}
+
+block* caching_allocator::grow_expandable_locked(std::size_t rounded, stream_handle stream, bool may_stitch) {
+  const bool small = policy_.is_small(rounded);
+  const free_block_set& unmapped = small ? unmapped_.small : unmapped_.large;
+  placement where = place_locked(unmapped, rounded, stream);
+  if (where.target == nullptr) {
+    if (reserve_range_locked(rounded, small) == nullptr) return nullptr;
+    where = place_locked(unmapped, rounded, stream);
+    if (where.target == nullptr) return nullptr;
+  }
+
+  std::vector<physical_handle> handles;
+  handles.reserve(where.chunks);
+  std::size_t stolen = 0;
+  if (may_stitch && config_.stitching && !growth_within_slack_locked(where.chunks, rounded)) {
+    stolen = steal_idle_chunks_locked(where.chunks, where, &handles);
+  }
+
+  // New chunks for the rest, within the memory-fraction cap (which counts
+  // the stolen chunks too: they are about to be mapped again).
+  const std::size_t reserved = static_cast<std::size_t>(stats_.reserved_bytes[0].current) + stolen * chunk_bytes_;
+  std::size_t created_bytes = 0;
+  while (handles.size() < where.chunks) {
+    if (reserved + created_bytes > allowed_bytes_ || allowed_bytes_ - reserved - created_bytes < chunk_bytes_) break;
+    physical_handle chunk = 0;
+    const status st = backend_.vm_create(chunk_bytes_, &chunk);
+    if (!st) {
+      if (st.code() == status_code::out_of_memory) break;
+      destroy_chunks_locked(handles);
+      throw device_failure("streamalloc: device " + std::to_string(backend_.device_index()) +
+                           " failed to create a memory chunk: " + st.message());
+    }
+    ++stats_.num_device_alloc;
+    handles.push_back(chunk);
+    created_bytes += chunk_bytes_;
+  }
+  if (handles.size() < where.chunks) {
+    // Chunks already unmapped from holes go back to the device: the ladder's
+    // next stage frees memory anyway.
+    destroy_chunks_locked(handles);
+    return nullptr;
+  }
+  if (const status st = map_chunks_locked(where.target, handles, stolen); !st) {
+    destroy_chunks_locked(handles);
+    if (st.code() == status_code::out_of_memory) return nullptr;
+    throw device_failure("streamalloc: device " + std::to_string(backend_.device_index()) +
+                         " failed to map a memory chunk: " + st.message());
+  }
+  if (stolen > 0) ++stats_.num_stitched_blocks;
+  return take_mapped_front_locked(where, stream);
+}
+
+bool caching_allocator::growth_within_slack_locked(std::size_t chunks, std::size_t rounded) const {
+  // The ratio that matters is peak reserved over peak allocated: growth
+  // that keeps reserved within the slack of the allocation peak costs
+  // nothing there, so only growth beyond it is replaced by stitching.
+  const double peak = static_cast<double>(
+      std::max(stats_.allocated_bytes[0].peak, stats_.allocated_bytes[0].current + static_cast<std::int64_t>(rounded)));
+  const double after = static_cast<double>(stats_.reserved_bytes[0].current) + static_cast<double>(chunks * chunk_bytes_);
+  return after <= (1.0 + config_.stitch_slack) * peak;
+}
+
+caching_allocator::placement caching_allocator::place_locked(const free_block_set& unmapped, std::size_t rounded,
+                                                             stream_handle stream) const {
+  placement best;
+  // The unmapped set is small (range tails and stitched-out holes); the
+  // fewest new chunks wins, then the smallest block (the set's order).
+  for (const free_entry& entry : unmapped) {
+    block* target = entry.b;
+    block* before = target->prev;
+    const bool extend = before != nullptr && before->is_free_mapped() && before->stream == stream && before->size < rounded;
+    const std::size_t chunks = chunks_for(rounded - (extend ? before->size : 0), chunk_bytes_);
+    if (chunks * chunk_bytes_ > target->size) continue;
+    if (best.target == nullptr || chunks < best.chunks) best = {target, extend ? before : nullptr, chunks};
+  }
+  return best;
+}
+
+segment* caching_allocator::reserve_range_locked(std::size_t rounded, bool small) {
+  std::size_t bytes = range_bytes_;
+  if (rounded > bytes && !round_up_checked(rounded, chunk_bytes_, &bytes)) return nullptr;
+  void* base = nullptr;
+  const status st = backend_.vm_reserve(bytes, &base);
+  if (!st) {
+    if (st.code() == status_code::out_of_memory) return nullptr;
+    throw device_failure("streamalloc: device " + std::to_string(backend_.device_index()) +
+                         " failed to reserve an address range: " + st.message());
+  }
+  auto* s = new segment;
+  s->address = reinterpret_cast<std::uintptr_t>(base);
+  s->size = bytes;
+  s->is_small = small;
+  s->free_set = &pool_for_locked(0, small);
+  s->expandable = true;
+  s->unmapped_set = small ? &unmapped_.small : &unmapped_.large;
+  s->chunk_bytes = chunk_bytes_;
+  s->chunks.assign(bytes / chunk_bytes_, 0);
+  s->stitched.assign(bytes / chunk_bytes_, false);
+  block* b = new_block_locked();
+  b->address = s->address;
+  b->size = bytes;
+  b->owner = s;
+  b->mapped = false;
+  s->first = b;
+  segments_.emplace(s->address, s);
+  b->free_position = s->unmapped_set->insert(free_entry{key_of(b), b}).first;
+  return s;
+}
+
+std::size_t caching_allocator::idle_chunks(const block* b) const {
+  // Chunk boundaries are offsets from the range's base, which is only
+  // aligned to the device granularity.
+  const std::size_t chunk = b->owner->chunk_bytes;
+  const std::uintptr_t offset = b->address - b->owner->address;
+  const std::uintptr_t first = (offset + chunk - 1) / chunk * chunk;
+  const std::uintptr_t last = (offset + b->size) / chunk * chunk;
+  return last > first ? (last - first) / chunk : 0;
+}
+
+std::size_t caching_allocator::steal_idle_chunks_locked(std::size_t wanted, const placement& where,
+                                                        std::vector<physical_handle>* out) {
+  // The blocks next to the target must keep their shape: an unmapped piece
+  // beside the target would merge into it.
+  const block* keep[] = {where.prefix, where.target->prev, where.target->next};
+  std::vector<block*> donors;
+  for (const free_block_set* set : {&default_pool_.small, &default_pool_.large}) {
+    for (const free_entry& entry : *set) {
+      block* b = entry.b;
+      if (!b->owner->expandable || idle_chunks(b) == 0 || std::find(std::begin(keep), std::end(keep), b) != std::end(keep)) {
+        continue;
+      }
+      donors.push_back(b);
+    }
+  }
+  if (donors.empty()) return 0;
+  // Small holes first: they are the fragmentation; large free blocks are
+  // the ones later requests can still use whole.
+  std::sort(donors.begin(), donors.end(), [](const block* a, const block* b) {
+    return a->size != b->size ? a->size < b->size : a->address < b->address;
+  });
+  std::size_t covered = 0;
+  std::size_t used = 0;
+  while (used < donors.size() && covered < wanted) covered += idle_chunks(donors[used++]);
+  donors.resize(used);
+
+  // Every stream that last used a donor finishes before its chunks move.
+  std::vector<stream_handle> streams;
+  for (const block* d : donors) {
+    if (std::find(streams.begin(), streams.end(), d->stream) == streams.end()) streams.push_back(d->stream);
+  }
+  std::vector<stream_handle> finished;
+  for (stream_handle s : streams) {
+    event_handle event = 0;
+    if (!events_.acquire(&event)) continue;
+    const bool done = backend_.record_event(event, s).ok() && backend_.synchronize_event(event).ok();
+    events_.release(event);
+    if (done) finished.push_back(s), ++stats_.num_stitch_syncs;
+  }
+
+  std::size_t taken = 0;
+  for (block* d : donors) {
+    if (taken == wanted) break;
+    if (std::find(finished.begin(), finished.end(), d->stream) == finished.end()) continue;
+    taken += unmap_idle_chunks_locked(d, wanted - taken, out);
+  }
+  return taken;
+}
+
+std::size_t caching_allocator::unmap_idle_chunks_locked(block* d, std::size_t max_chunks,
+                                                        std::vector<physical_handle>* keep) {
+  segment* s = d->owner;
+  const std::size_t chunk = s->chunk_bytes;
+  const std::uintptr_t end = d->address + d->size;
+  const std::uintptr_t last = s->address + (end - s->address) / chunk * chunk;
+  const std::size_t wanted = std::min(idle_chunks(d), max_chunks);
+  // From the block's end backwards, so a failure leaves one contiguous run.
+  std::size_t done = 0;
+  while (done < wanted) {
+    const std::uintptr_t at = last - (done + 1) * chunk;
+    if (!backend_.vm_unmap(to_pointer(at), chunk)) break;
+    const std::size_t slot = s->slot_of(at);
+    const physical_handle handle = s->chunks[slot];
+    s->chunks[slot] = 0;
+    s->stitched[slot] = false;
+    --s->mapped_chunks;
+    update_stat(stats_.reserved_bytes, s, -static_cast<std::int64_t>(chunk));
+    stats_.mapped_chunks.decrease(1);
+    ++stats_.num_chunk_unmaps;
+    if (keep != nullptr) {
+      keep->push_back(handle);
+    } else {
+      destroy_chunks_locked({handle});
+    }
+    ++done;
+  }
+  if (done == 0) return 0;
+
+  // Cut d into [head][hole][tail]; head and tail stay free and mapped.
+  const std::uintptr_t hole_start = last - done * chunk;
+  erase_free_locked(d);
+  block* tail = nullptr;
+  if (last < end) {
+    tail = new_block_locked();
+    tail->address = last;
+    tail->size = end - last;
+    tail->stream = d->stream;
+    tail->owner = s;
+    tail->prev = d;
+    tail->next = d->next;
+    if (d->next != nullptr) d->next->prev = tail;
+    d->next = tail;
+  }
+  block* hole = d;
+  block* head = nullptr;
+  if (hole_start > d->address) {
+    hole = new_block_locked();
+    hole->address = hole_start;
+    hole->owner = s;
+    hole->prev = d;
+    hole->next = d->next;
+    if (d->next != nullptr) d->next->prev = hole;
+    d->next = hole;
+    d->size = hole_start - d->address;
+    head = d;
+  }
+  hole->size = last - hole_start;
+  hole->mapped = false;
+  hole->stream = 0;
+  block* outer_left = head == nullptr ? hole->prev : nullptr;
+  block* outer_right = tail == nullptr ? hole->next : nullptr;
+  update_stat(stats_.segment, s, mapped_neighbours(head != nullptr ? head : hole->prev, tail != nullptr ? tail : hole->next) - 1);
+  if (head != nullptr) insert_free_locked(head);
+  if (tail != nullptr) insert_free_locked(tail);
+  insert_unmapped_locked(hole);
+  refresh_split_count_locked(outer_left);
+  refresh_split_count_locked(outer_right);
+  return done;
+}
+
+status caching_allocator::map_chunks_locked(block* target, const std::vector<physical_handle>& handles,
+                                            std::size_t stolen) {
+  segment* s = target->owner;
+  for (std::size_t i = 0; i < handles.size(); ++i) {
+    const std::uintptr_t at = target->address + i * chunk_bytes_;
+    const status st = backend_.vm_map(to_pointer(at), chunk_bytes_, handles[i]);
+    if (!st) {
+      // Undo the part already mapped; the caller destroys every handle.
+      for (std::size_t j = i; j-- > 0;) {
+        const std::uintptr_t undo = target->address + j * chunk_bytes_;
+        if (backend_.vm_unmap(to_pointer(undo), chunk_bytes_)) {
+          const std::size_t slot = s->slot_of(undo);
+          s->chunks[slot] = 0;
+          s->stitched[slot] = false;
+          --s->mapped_chunks;
+          update_stat(stats_.reserved_bytes, s, -static_cast<std::int64_t>(chunk_bytes_));
+          stats_.mapped_chunks.decrease(1);
+          ++stats_.num_chunk_unmaps;
+        }
+      }
+      return st;
+    }
+    const std::size_t slot = s->slot_of(at);
+    s->chunks[slot] = handles[i];
+    s->stitched[slot] = i < stolen;
+    ++s->mapped_chunks;
+    update_stat(stats_.reserved_bytes, s, static_cast<std::int64_t>(chunk_bytes_));
+    stats_.mapped_chunks.increase(1);
+    ++stats_.num_chunk_maps;
+  }
+  return status::success();
+}
+
+void caching_allocator::destroy_chunks_locked(const std::vector<physical_handle>& handles) {
+  for (physical_handle h : handles) {
+    // A chunk the device refuses to destroy is lost to this process; the
+    // allocator's accounting no longer includes it either way.
+    if (backend_.vm_destroy(h)) ++stats_.num_device_free;
+  }
+}
+
+block* caching_allocator::take_mapped_front_locked(const placement& where, stream_handle stream) {
+  block* target = where.target;
+  segment* s = target->owner;
+  const std::size_t bytes = where.chunks * chunk_bytes_;
+  s->unmapped_set->erase(target->free_position);
+  if (bytes < target->size) {
+    block* rest = new_block_locked();
+    rest->address = target->address + bytes;
+    rest->size = target->size - bytes;
+    rest->owner = s;
+    rest->mapped = false;
+    rest->prev = target;
+    rest->next = target->next;
+    if (target->next != nullptr) target->next->prev = rest;
+    target->next = rest;
+    target->size = bytes;
+    rest->free_position = s->unmapped_set->insert(free_entry{key_of(rest), rest}).first;
+  }
+  target->mapped = true;
+  target->stream = stream;
+  update_stat(stats_.segment, s, 1 - mapped_neighbours(target->prev, target->next));
+
+  // A hole mapped whole may touch a free block of the stream after it.
+  if (block* after = target->next; after != nullptr && after->is_free_mapped() && after->stream == stream) {
+    erase_free_locked(after);
+    target->size += after->size;
+    target->next = after->next;
+    if (after->next != nullptr) after->next->prev = target;
+    delete_block_locked(after);
+  }
+  block* result = target;
+  if (where.prefix != nullptr) {
+    block* prefix = where.prefix;
+    erase_free_locked(prefix);
+    prefix->size += target->size;
+    prefix->next = target->next;
+    if (target->next != nullptr) target->next->prev = prefix;
+    delete_block_locked(target);
+    result = prefix;
+  }
+  refresh_split_count_locked(result->prev);
+  refresh_split_count_locked(result->next);
+  return result;
+}
+
+void caching_allocator::insert_unmapped_locked(block* b) {
+  segment* s = b->owner;
+  if (block* prev = b->prev; prev != nullptr && !prev->mapped) {
+    s->unmapped_set->erase(prev->free_position);
+    prev->size += b->size;
+    prev->next = b->next;
+    if (b->next != nullptr) b->next->prev = prev;
+    delete_block_locked(b);
+    b = prev;
+  }
+  if (block* next = b->next; next != nullptr && !next->mapped) {
+    s->unmapped_set->erase(next->free_position);
+    b->size += next->size;
+    b->next = next->next;
+    if (next->next != nullptr) next->next->prev = b;
+    delete_block_locked(next);
+  }
+  b->free_position = s->unmapped_set->insert(free_entry{key_of(b), b}).first;
+}
+
+void caching_allocator::refresh_split_count_locked(block* b) {
+  // A free block's inactive_split status follows its neighbours' mapping.
+  if (b == nullptr || !b->is_free_mapped() || b->counted_inactive_split == b->is_split()) return;
+  const auto size = static_cast<std::int64_t>(b->size);
+  if (b->is_split()) {
+    update_stat(stats_.inactive_split, b->owner, 1);
+    update_stat(stats_.inactive_split_bytes, b->owner, size);
+  } else {
+    update_stat(stats_.inactive_split, b->owner, -1);
+    update_stat(stats_.inactive_split_bytes, b->owner, -size);
+  }
+  b->counted_inactive_split = b->is_split();
+}
+
+block* caching_allocator::absorb_following_free_locked(block* b) {
+  // Only after a device synchronization: then no stream can still be using
+  // these blocks, so their stream tags no longer matter.
+  erase_free_locked(b);
+  while (b->next != nullptr && b->next->is_free_mapped()) {
+    block* next = b->next;
+    erase_free_locked(next);
+    b->size += next->size;
+    b->next = next->next;
+    if (next->next != nullptr) next->next->prev = b;
+    delete_block_locked(next);
+  }
+  insert_free_locked(b);
+  return b;
+}
+
+void caching_allocator::release_idle_chunks_locked() {
+  if (!expandable_) return;
+  const auto has_idle = [&](const free_entry& e) { return e.b->owner->expandable && idle_chunks(e.b) > 0; };
+  const auto any_idle = [&] {
+    for (const free_block_set* set : {&default_pool_.small, &default_pool_.large}) {
+      if (std::any_of(set->begin(), set->end(), has_idle)) return true;
+    }
+    // Adjacent free blocks of different streams may share an idle chunk.
+    for (const auto& [address, s] : segments_) {
+      if (!s->expandable) continue;
+      for (const block* b = s->first; b != nullptr; b = b->next) {
+        if (b->is_free_mapped() && b->next != nullptr && b->next->is_free_mapped()) return true;
+      }
+    }
+    return false;
+  };
+  if (!any_idle()) return;
+  if (!backend_.synchronize_device()) return;  // no proof that the chunks are unused
+  ++stats_.num_sync_all_streams;
+  for (const auto& [address, s] : segments_) {
+    if (!s->expandable) continue;
+    for (block* b = s->first; b != nullptr; b = b->next) {
+      if (b->is_free_mapped() && b->next != nullptr && b->next->is_free_mapped()) b = absorb_following_free_locked(b);
+    }
+  }
+  std::vector<block*> donors;
+  for (const free_block_set* set : {&default_pool_.small, &default_pool_.large}) {
+    for (const free_entry& e : *set) {
+      if (has_idle(e)) donors.push_back(e.b);
+    }
+  }
+  for (block* d : donors) unmap_idle_chunks_locked(d, std::numeric_limits<std::size_t>::max(), nullptr);
+}
+
+bool caching_allocator::release_range_locked(segment* s) {
+  // Only a range with nothing mapped: a single unmapped block.
+  if (s->mapped_chunks != 0 || !backend_.vm_release(to_pointer(s->address), s->size)) return false;
+  block* b = s->first;
+  s->unmapped_set->erase(b->free_position);
+  delete_block_locked(b);
+  segments_.erase(s->address);
+  delete s;
+  return true;
+}
+
+void caching_allocator::release_ranges_at_exit() {
+  bool synchronized = false;
+  for (auto& [address, s] : segments_) {
+    if (!s->expandable) continue;
+    if (!synchronized && s->mapped_chunks > 0) backend_.synchronize_device(), synchronized = true;
+    for (std::size_t slot = 0; slot < s->chunks.size(); ++slot) {
+      if (s->chunks[slot] == 0) continue;
+      backend_.vm_unmap(to_pointer(s->address + slot * s->chunk_bytes), s->chunk_bytes);
+      backend_.vm_destroy(s->chunks[slot]);
+    }
+    backend_.vm_release(to_pointer(s->address), s->size);
+  }
+}
+
+void caching_allocator::snapshot_expandable_locked(const segment* s, allocator_snapshot* out) const {
+  // One segment per contiguous mapped run, as torch reports expandable segments.
+  const block* b = s->first;
+  while (b != nullptr) {
+    if (!b->mapped) {
+      b = b->next;
+      continue;
+    }
+    segment_info info;
+    info.device = backend_.device_index();
+    info.address = b->address;
+    info.stream = s->stream;
+    info.is_small = s->is_small;
+    info.pool = s->pool;
+    info.is_expandable = true;
+    for (; b != nullptr && b->mapped; b = b->next) {
+      block_info bi;
+      bi.address = b->address;
+      bi.size = b->size;
+      bi.requested_size = b->requested_size;
+      bi.stream = b->stream;
+      bi.state = b->allocated ? block_state::active_allocated
+                              : (b->pending_events > 0 ? block_state::active_pending_free : block_state::inactive);
+      if (b->allocated) info.allocated_size += b->size;
+      if (bi.state != block_state::inactive) {
+        info.active_size += b->size;
+        info.requested_size += b->requested_size;
+      }
+      info.total_size += b->size;
+      info.blocks.push_back(bi);
+    }
+    for (std::size_t slot = s->slot_of(info.address); slot < s->slot_of(info.address + info.total_size); ++slot) {
+      if (s->stitched[slot]) info.is_stitched = true;
+    }
+    out->segments.push_back(std::move(info));
+  }
+}
+
+// Note [invariants], expandable segments: a mapped chunk lies under every
+// byte of a mapped block and none under an unmapped block; every mapped
+// chunk is touched by a mapped block; unmapped blocks are free,
+// chunk-aligned, coalesced and in their pool's unmapped set; no chunk is
+// mapped twice anywhere.
+void caching_allocator::validate_expandable_locked(const segment* s, std::vector<physical_handle>* seen) const {
+  auto fail = [](const std::string& what) { throw std::logic_error("streamalloc invariant violated: " + what); };
+  const std::size_t chunk = s->chunk_bytes;
+  if (s->unmapped_set != (s->is_small ? &unmapped_.small : &unmapped_.large)) fail("a range points at another pool's unmapped set");
+  std::vector<bool> touched(s->chunks.size(), false);
+  std::size_t unmapped_blocks = 0;
+  for (const block* b = s->first; b != nullptr; b = b->next) {
+    const std::size_t first = s->slot_of(b->address);
+    const std::size_t last = s->slot_of(b->address + b->size - 1);
+    if (b->mapped) {
+      for (std::size_t slot = first; slot <= last; ++slot) {
+        if (s->chunks[slot] == 0) fail("a mapped block covers an unmapped chunk");
+        touched[slot] = true;
+      }
+      continue;
+    }
+    ++unmapped_blocks;
+    if (!b->is_free() || b->stream != 0) fail("an unmapped block is in use or keeps a stream");
+    if ((b->address - s->address) % chunk != 0 || b->size % chunk != 0) fail("an unmapped block is not chunk-aligned");
+    if (b->next != nullptr && !b->next->mapped) fail("adjacent unmapped blocks not coalesced");
+    for (std::size_t slot = first; slot <= last; ++slot) {
+      if (s->chunks[slot] != 0) fail("an unmapped block has a chunk mapped under it");
+    }
+    auto found = s->unmapped_set->find(key_of(b));
+    if (found == s->unmapped_set->end() || found->b != b || b->free_position != found) {
+      fail("unmapped block missing from its pool's unmapped set");
+    }
+  }
+  std::size_t mapped = 0;
+  for (std::size_t slot = 0; slot < s->chunks.size(); ++slot) {
+    if (s->chunks[slot] == 0) {
+      if (s->stitched[slot]) fail("an unmapped chunk slot is marked stitched");
+      continue;
+    }
+    ++mapped;
+    if (!touched[slot]) fail("a mapped chunk lies under no mapped block");
+    seen->push_back(s->chunks[slot]);
+  }
+  if (mapped != s->mapped_chunks) fail("a range's mapped-chunk count is out of date");
+  if (unmapped_blocks == 0 && s->mapped_chunks * chunk != s->size) fail("a range's blocks and chunks disagree");
+}
+
+}  // namespace streamalloc

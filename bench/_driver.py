@@ -1,0 +1,48 @@
+"""Shared by bench/python_bench.py and bench/replay_torch.py: the allocator
+modes they compare and the driver that runs one mode in a fresh process of
+the calling script and reads back the JSON result its worker wrote.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+# PYTORCH_CUDA_ALLOC_CONF of the torch modes that set one ("native" is
+# torch's defaults).
+TORCH_MODE_CONF = {"expandable": "expandable_segments:True", "cuda_async": "backend:cudaMallocAsync"}
+# The allocator backend torch must report in each torch mode.
+TORCH_MODE_BACKEND = {"native": "native", "expandable": "native", "cuda_async": "cudaMallocAsync"}
+# Every variable that configures an allocator under test: each mode states
+# its whole configuration, none leaks in from the caller's environment.
+ALLOCATOR_VARIABLES = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "STREAMALLOC_CONF")
+
+
+def mode_env(mode):
+    """The environment of a process that runs `mode`."""
+    env = dict(os.environ)
+    for name in ALLOCATOR_VARIABLES:
+        env.pop(name, None)
+    if mode in TORCH_MODE_CONF:
+        env["PYTORCH_CUDA_ALLOC_CONF"] = TORCH_MODE_CONF[mode]
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def run_worker(script, mode, args, timeout):
+    """Runs `python SCRIPT --worker MODE --out FILE ARGS...` under
+    mode_env(MODE), its stdout to our stderr, and returns the JSON object
+    the worker wrote to FILE, or {"mode", "error"} when it failed, timed out
+    or wrote nothing."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out_path = os.path.join(tmp, "result.json")
+        command = [sys.executable, os.path.abspath(script), "--worker", mode, "--out", out_path, *args]
+        try:
+            proc = subprocess.run(command, env=mode_env(mode), stdout=sys.stderr, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return {"mode": mode, "error": f"worker timed out after {timeout:.0f} s"}
+        if proc.returncode == 0 and os.path.exists(out_path):
+            with open(out_path) as f:
+                return json.load(f)
+        return {"mode": mode, "error": f"worker failed (exit status {proc.returncode})"}

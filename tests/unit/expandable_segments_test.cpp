@@ -1,0 +1,406 @@
+// Expandable segments and stitching on the simulated device: growth in
+// place, chunk accounting, stitching instead of growth (and only after the
+// donors' streams finished), empty_cache, the memory cap, the chunk-size
+// key, the plain fallback, and device faults in reserve/create/map/unmap.
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "streamalloc/backend/sim_backend.hpp"
+#include "streamalloc/core/caching_allocator.hpp"
+#include "streamalloc/core/config.hpp"
+#include "streamalloc/util/bytes.hpp"
+#include "streamalloc/util/errors.hpp"
+#include "support/catch.hpp"
+#include "support/contains.hpp"
+#include "support/sim_fixture.hpp"
+
+namespace {
+
+using namespace streamalloc;
+using namespace streamalloc::test;
+
+allocator_config without_stitching() {
+  allocator_config c;
+  c.stitching = false;
+  return c;
+}
+
+std::int64_t reserved(const sim_fixture& f) { return all(f.stats().reserved_bytes); }
+
+// Holes: [hole 4 MiB][kept 2 MiB][hole 4 MiB][kept 2 MiB], the holes freed.
+// Returns the two kept blocks.
+std::vector<void*> make_two_holes(sim_fixture& f, stream_handle stream) {
+  void* hole1 = f.alloc.allocate(4_MiB, stream);
+  void* kept1 = f.alloc.allocate(2_MiB, stream);
+  void* hole2 = f.alloc.allocate(4_MiB, stream);
+  void* kept2 = f.alloc.allocate(2_MiB, stream);
+  REQUIRE(addr(kept1) == addr(hole1) + 4_MiB);
+  REQUIRE(addr(hole2) == addr(kept1) + 2_MiB);
+  REQUIRE(addr(kept2) == addr(hole2) + 4_MiB);
+  f.alloc.free(hole1);
+  f.alloc.free(hole2);
+  return {kept1, kept2};
+}
+
+}  // namespace
+
+TEST_CASE("expandable: consecutive allocations pack into one growing range", "[expandable]") {
+  sim_fixture f(vmm_device());
+  void* a = f.alloc.allocate(3_MiB, f.s1);
+  void* b = f.alloc.allocate(3_MiB, f.s1);
+  void* c = f.alloc.allocate(3_MiB, f.s1);
+  f.check_consistent();
+  // Each starts where the previous ends: the tail of the last chunk is used.
+  CHECK(addr(b) == addr(a) + 3_MiB);
+  CHECK(addr(c) == addr(b) + 3_MiB);
+  CHECK(reserved(f) == static_cast<std::int64_t>(10_MiB));  // 9 MiB in 2 MiB chunks
+  CHECK(f.sim.live_ranges() == 1);
+  CHECK(f.sim.live_segments() == 0);
+  CHECK(all(f.stats().segment) == 1);  // one mapped run
+  CHECK(f.stats().mapped_chunks.current == 5);
+
+  const allocator_snapshot snap = f.snapshot();
+  REQUIRE(snap.segments.size() == 1);
+  CHECK(snap.segments[0].is_expandable);
+  CHECK_FALSE(snap.segments[0].is_stitched);
+  CHECK(snap.segments[0].total_size == 10_MiB);
+
+  // Freed memory stays cached and mapped, and serves the next request.
+  for (void* p : {a, b, c}) f.alloc.free(p);
+  const std::int64_t maps = f.stats().num_chunk_maps;
+  void* again = f.alloc.allocate(9_MiB, f.s1);
+  CHECK(again == a);
+  CHECK(f.stats().num_chunk_maps == maps);
+  f.check_consistent();
+  f.alloc.free(again);
+}
+
+TEST_CASE("expandable: small requests share chunks of their own range", "[expandable]") {
+  sim_fixture f(vmm_device());
+  std::vector<void*> small;
+  for (int i = 0; i < 100; ++i) small.push_back(f.alloc.allocate(4_KiB, f.s1));
+  void* large = f.alloc.allocate(4_MiB, f.s1);
+  f.check_consistent();
+  CHECK(f.sim.live_ranges() == 2);  // small and large pools grow apart
+  CHECK(small_pool(f.stats().reserved_bytes) == static_cast<std::int64_t>(2_MiB));
+  CHECK(large_pool(f.stats().reserved_bytes) == static_cast<std::int64_t>(4_MiB));
+  for (std::size_t i = 1; i < small.size(); ++i) CHECK(addr(small[i]) == addr(small[i - 1]) + 4_KiB);
+  for (void* p : small) f.alloc.free(p);
+  f.alloc.free(large);
+  f.check_consistent();
+}
+
+TEST_CASE("expandable: stitching moves idle chunks instead of growing", "[expandable]") {
+  sim_fixture f(vmm_device());
+  const std::vector<void*> kept = make_two_holes(f, f.s1);
+  REQUIRE(reserved(f) == static_cast<std::int64_t>(12_MiB));
+  const std::size_t creates_before = f.sim.live_chunks();
+
+  // No mapped free block holds 8 MiB, but the holes hold four idle chunks.
+  void* big = f.alloc.allocate(8_MiB, f.s1);
+  f.check_consistent();
+  const device_stats st = f.stats();
+  CHECK(reserved(f) == static_cast<std::int64_t>(12_MiB));
+  CHECK(f.sim.live_chunks() == creates_before);
+  CHECK(st.num_stitched_blocks == 1);
+  CHECK(st.num_chunk_unmaps == 4);
+  CHECK(st.num_stitch_syncs == 1);
+  CHECK(st.reserved_bytes[0].peak == static_cast<std::int64_t>(12_MiB));
+
+  const allocator_snapshot snap = f.snapshot();
+  const segment_info* seg = find_segment(snap, addr(big));
+  REQUIRE(seg != nullptr);
+  CHECK(seg->is_stitched);
+  CHECK(seg->is_expandable);
+  // The holes are gone from the snapshot: only mapped runs are segments.
+  CHECK(find_segment(snap, addr(kept[0]) - 4_MiB) == nullptr);
+
+  f.alloc.free(big);
+  for (void* p : kept) f.alloc.free(p);
+  f.check_consistent();
+}
+
+TEST_CASE("expandable: without stitching the range grows instead", "[expandable]") {
+  sim_fixture f(vmm_device(), without_stitching());
+  const std::vector<void*> kept = make_two_holes(f, f.s1);
+  void* big = f.alloc.allocate(8_MiB, f.s1);
+  f.check_consistent();
+  CHECK(reserved(f) == static_cast<std::int64_t>(20_MiB));
+  CHECK(f.stats().num_stitched_blocks == 0);
+  CHECK(f.stats().num_chunk_unmaps == 0);
+  f.alloc.free(big);
+  for (void* p : kept) f.alloc.free(p);
+}
+
+TEST_CASE("expandable: growth within stitch_slack of the allocation peak does not stitch", "[expandable]") {
+  allocator_config roomy;
+  roomy.stitch_slack = 1.0;  // reserved may reach twice the peak of allocated memory
+  sim_fixture f(vmm_device(), roomy);
+  const std::vector<void*> kept = make_two_holes(f, f.s1);
+  void* big = f.alloc.allocate(8_MiB, f.s1);  // 20 MiB reserved <= 2 x 12 MiB peak
+  f.check_consistent();
+  CHECK(f.stats().num_stitched_blocks == 0);
+  CHECK(reserved(f) == static_cast<std::int64_t>(20_MiB));
+  f.alloc.free(big);
+  for (void* p : kept) f.alloc.free(p);
+  f.check_consistent();
+}
+
+TEST_CASE("expandable: stitching waits for the streams that used the donor blocks", "[expandable]") {
+  sim_fixture f(vmm_device(80_GiB, /*manual_events=*/true));
+  void* hole1 = f.alloc.allocate(4_MiB, f.s1);
+  void* kept1 = f.alloc.allocate(2_MiB, f.s1);
+  void* hole2 = f.alloc.allocate(4_MiB, f.s1);
+  void* kept2 = f.alloc.allocate(2_MiB, f.s1);
+  // Kernels on s1 still use both holes when they are freed.
+  f.sim.touch(f.s1, hole1, 4_MiB);
+  f.sim.touch(f.s1, hole2, 4_MiB);
+  f.alloc.free(hole1);
+  f.alloc.free(hole2);
+  REQUIRE(f.sim.live_touches() == 2);
+
+  const std::size_t syncs_before = f.sim.counters().event_syncs;
+  void* big = f.alloc.allocate(8_MiB, f.s2);
+  CHECK(f.sim.counters().event_syncs == syncs_before + 1);
+  CHECK(f.sim.counters().unsafe_unmaps == 0);
+  CHECK(f.sim.live_touches() == 0);
+  CHECK(f.stats().num_stitched_blocks == 1);
+  f.check_consistent();
+  for (void* p : {big, kept1, kept2}) f.alloc.free(p);
+}
+
+TEST_CASE("expandable: blocks with pending stream uses never donate chunks", "[expandable]") {
+  sim_fixture f(vmm_device(80_GiB, /*manual_events=*/true));
+  void* hole = f.alloc.allocate(4_MiB, f.s1);
+  void* kept = f.alloc.allocate(2_MiB, f.s1);
+  f.alloc.record_stream(hole, f.s2);
+  f.alloc.free(hole);  // pending until s2's event completes
+  void* big = f.alloc.allocate(4_MiB, f.s1);
+  CHECK(f.stats().num_stitched_blocks == 0);
+  CHECK(f.stats().num_chunk_unmaps == 0);
+  CHECK(addr(big) == addr(kept) + 2_MiB);
+  f.check_consistent();
+  f.sim.complete_all_events();
+  for (void* p : {big, kept}) f.alloc.free(p);
+  f.check_consistent();
+}
+
+TEST_CASE("expandable: empty_cache unmaps idle chunks and releases empty ranges", "[expandable]") {
+  sim_fixture f(vmm_device(80_GiB, /*manual_events=*/true));
+  void* a = f.alloc.allocate(3_MiB, f.s1);
+  void* b = f.alloc.allocate(3_MiB, f.s2);  // shares a chunk with a
+  void* c = f.alloc.allocate(8_MiB, f.s1);
+  void* small = f.alloc.allocate(4_KiB, f.s1);
+  f.sim.touch(f.s1, a, 3_MiB);
+  f.sim.touch(f.s2, b, 3_MiB);
+  f.alloc.free(a);
+  f.alloc.free(b);
+
+  // c and small stay live: only the chunks wholly under free blocks go.
+  f.alloc.empty_cache();
+  f.check_consistent();
+  CHECK(f.sim.live_touches() == 0);  // a device synchronization came first
+  CHECK(f.sim.counters().unsafe_unmaps == 0);
+  CHECK(all(f.stats().allocated_bytes) == static_cast<std::int64_t>(8_MiB + 512_KiB / 128));
+  // a and b (6 MiB, of two streams, in chunks 0-2) leave at most the chunk
+  // they share with c behind.
+  CHECK(large_pool(f.stats().reserved_bytes) <= static_cast<std::int64_t>(10_MiB));
+
+  f.alloc.free(c);
+  f.alloc.free(small);
+  f.alloc.empty_cache();
+  f.check_consistent();
+  CHECK(f.sim.used_bytes() == 0);
+  CHECK(f.sim.live_chunks() == 0);
+  CHECK(f.sim.live_ranges() == 0);
+  CHECK(reserved(f) == 0);
+  CHECK(all(f.stats().segment) == 0);
+}
+
+TEST_CASE("expandable: the memory fraction caps mapped memory", "[expandable]") {
+  allocator_config cfg;
+  cfg.memory_fraction = 0.5;
+  sim_fixture f(vmm_device(64_MiB), cfg);
+  void* a = f.alloc.allocate(20_MiB, f.s1);
+  void* b = f.alloc.allocate(12_MiB, f.s1);
+  CHECK(reserved(f) == static_cast<std::int64_t>(32_MiB));
+  REQUIRE_THROWS_AS(f.alloc.allocate(2_MiB, f.s1), out_of_memory);
+  f.check_consistent();
+  // Freeing a makes room: its chunks are reused (or stitched) under the cap.
+  f.alloc.free(a);
+  void* c = f.alloc.allocate(16_MiB, f.s2);
+  CHECK(reserved(f) <= static_cast<std::int64_t>(32_MiB));
+  f.check_consistent();
+  f.alloc.free(b);
+  f.alloc.free(c);
+}
+
+TEST_CASE("expandable: an allocation that cannot fit anywhere raises out_of_memory", "[expandable]") {
+  sim_fixture f(vmm_device(64_MiB));
+  void* a = f.alloc.allocate(40_MiB, f.s1);
+  try {
+    (void)f.alloc.allocate(40_MiB, f.s1);
+    FAIL("a second 40 MiB fit on a 64 MiB device");
+  } catch (const out_of_memory& e) {
+    CHECK(e.context().requested_bytes == 40_MiB);
+    CHECK(e.context().reserved_bytes <= 64_MiB);
+  }
+  f.check_consistent();
+  CHECK(f.sim.live_chunks() == f.sim.mapped_chunks());
+  f.alloc.free(a);
+  void* b = f.alloc.allocate(60_MiB, f.s1);  // the cache gives way to the new size
+  f.check_consistent();
+  f.alloc.free(b);
+}
+
+TEST_CASE("expandable: chunk size key", "[expandable]") {
+  SECTION("a multiple of the granularity sets the growth step") {
+    allocator_config cfg;
+    cfg.vmm_chunk_bytes = 8_MiB;
+    sim_fixture f(vmm_device(), cfg);
+    void* p = f.alloc.allocate(1_MiB + 512, f.s1);
+    CHECK(reserved(f) == static_cast<std::int64_t>(8_MiB));
+    f.check_consistent();
+    f.alloc.free(p);
+  }
+  SECTION("anything else is refused when the allocator is built") {
+    sim_backend sim(vmm_device());
+    allocator_config cfg;
+    cfg.vmm_chunk_bytes = 3_MiB;
+    try {
+      caching_allocator alloc(sim, cfg);
+      FAIL("a 3 MiB chunk was accepted on a device with 2 MiB granularity");
+    } catch (const config_error& e) {
+      CHECK(contains(e.what(), "vmm_chunk_mb"));
+      CHECK(contains(e.what(), "granularity (2097152 bytes)"));
+    }
+  }
+}
+
+TEST_CASE("expandable: plain segments when turned off or unsupported", "[expandable]") {
+  allocator_config off;
+  off.expandable_segments = false;
+  sim_fixture turned_off(vmm_device(), off);
+  sim_fixture unsupported(plain_device());
+  for (sim_fixture* f : {&turned_off, &unsupported}) {
+    void* p = f->alloc.allocate(3_MiB, f->s1);
+    CHECK(f->sim.live_ranges() == 0);
+    CHECK(f->sim.live_segments() == 1);
+    CHECK(f->stats().num_chunk_maps == 0);
+    CHECK_FALSE(f->snapshot().segments.at(0).is_expandable);
+    f->alloc.free(p);
+  }
+}
+
+TEST_CASE("expandable: graph-capture pools keep plain segments", "[expandable]") {
+  sim_fixture f(vmm_device());
+  void* outside = f.alloc.allocate(3_MiB, f.s2);
+  f.alloc.begin_allocate_to_pool(5, [&](stream_handle s) { return s == f.s1; });
+  void* captured = f.alloc.allocate(3_MiB, f.s1);
+  f.alloc.end_allocate_to_pool(5);
+  f.check_consistent();
+  const allocator_snapshot snap = f.snapshot();
+  CHECK(find_segment(snap, addr(outside))->is_expandable);
+  CHECK_FALSE(find_segment(snap, addr(captured))->is_expandable);
+  CHECK(find_segment(snap, addr(captured))->pool == 5);
+  f.alloc.free(captured);
+  f.alloc.release_pool(5);
+  f.alloc.free(outside);
+  f.check_consistent();
+}
+
+TEST_CASE("expandable: a block freed on one stream serves another after an event wait", "[expandable]") {
+  sim_fixture f(vmm_device(80_GiB, /*manual_events=*/true));
+  void* p = f.alloc.allocate(6_MiB, f.s1);
+  f.alloc.free(p);
+  void* q = f.alloc.allocate(6_MiB, f.s2);
+  CHECK(q == p);
+  CHECK(f.stats().num_cross_stream_reuses == 1);
+  CHECK(f.stats().num_chunk_maps == 3);
+  f.check_consistent();
+  f.alloc.free(q);
+}
+
+// --- device faults in the virtual-memory operations ---
+
+TEST_CASE("expandable fault: chunk creation fails once, the ladder retries", "[expandable][fault]") {
+  sim_fixture f(vmm_device());
+  f.sim.fail_nth(sim_fault_point::vm_create, 2);  // the second chunk of the first growth
+  void* p = f.alloc.allocate(5_MiB, f.s1);
+  f.check_consistent();
+  CHECK(f.sim.live_chunks() == 3);
+  CHECK(f.stats().num_alloc_retries == 1);
+  f.alloc.free(p);
+  f.alloc.empty_cache();
+  CHECK(f.sim.used_bytes() == 0);
+}
+
+TEST_CASE("expandable fault: chunk creation always fails", "[expandable][fault]") {
+  sim_fixture f(vmm_device());
+  f.sim.fail_always(sim_fault_point::vm_create);
+  REQUIRE_THROWS_AS(f.alloc.allocate(5_MiB, f.s1), out_of_memory);
+  f.check_consistent();
+  CHECK(f.sim.live_chunks() == 0);
+  f.sim.fail_always(sim_fault_point::vm_create, status_code::device_error);
+  REQUIRE_THROWS_AS(f.alloc.allocate(5_MiB, f.s1), device_failure);
+  f.check_consistent();
+  CHECK(f.sim.live_chunks() == 0);
+  f.sim.clear_faults();
+  void* p = f.alloc.allocate(5_MiB, f.s1);
+  f.check_consistent();
+  f.alloc.free(p);
+}
+
+TEST_CASE("expandable fault: mapping fails part-way through a growth", "[expandable][fault]") {
+  sim_fixture f(vmm_device());
+  f.sim.fail_nth(sim_fault_point::vm_map, 2);
+  void* p = f.alloc.allocate(5_MiB, f.s1);  // 3 chunks: the second map fails, the retry succeeds
+  f.check_consistent();
+  CHECK(f.sim.live_chunks() == 3);
+  CHECK(f.sim.mapped_chunks() == 3);
+  f.sim.fail_always(sim_fault_point::vm_map, status_code::device_error);
+  REQUIRE_THROWS_AS(f.alloc.allocate(50_MiB, f.s1), device_failure);
+  f.check_consistent();
+  CHECK(f.sim.live_chunks() == 3);  // the new chunks went back to the device
+  f.sim.fail_always(sim_fault_point::vm_map);
+  REQUIRE_THROWS_AS(f.alloc.allocate(50_MiB, f.s1), out_of_memory);
+  f.check_consistent();
+  f.sim.clear_faults();
+  f.alloc.free(p);
+}
+
+TEST_CASE("expandable fault: reserving a range fails", "[expandable][fault]") {
+  sim_fixture f(vmm_device());
+  f.sim.fail_always(sim_fault_point::vm_reserve);
+  REQUIRE_THROWS_AS(f.alloc.allocate(4_MiB, f.s1), out_of_memory);
+  f.check_consistent();
+  CHECK(f.sim.live_ranges() == 0);
+  f.sim.clear_faults();
+  void* p = f.alloc.allocate(4_MiB, f.s1);
+  f.check_consistent();
+  f.alloc.free(p);
+}
+
+TEST_CASE("expandable fault: unmapping fails during stitching and empty_cache", "[expandable][fault]") {
+  sim_fixture f(vmm_device());
+  const std::vector<void*> kept = make_two_holes(f, f.s1);
+  f.sim.fail_always(sim_fault_point::vm_unmap, status_code::device_error);
+  void* big = f.alloc.allocate(8_MiB, f.s1);  // no chunk moves: the range grows
+  f.check_consistent();
+  CHECK(f.stats().num_stitched_blocks == 0);
+  CHECK(reserved(f) == static_cast<std::int64_t>(20_MiB));
+  f.alloc.free(big);
+  f.alloc.empty_cache();  // nothing can be unmapped; the books still balance
+  f.check_consistent();
+  CHECK(reserved(f) == static_cast<std::int64_t>(20_MiB));
+  f.sim.fail_nth(sim_fault_point::vm_unmap, 2, status_code::device_error);
+  f.alloc.empty_cache();
+  f.check_consistent();
+  f.sim.clear_faults();
+  for (void* p : kept) f.alloc.free(p);
+  f.alloc.empty_cache();
+  f.check_consistent();
+  CHECK(f.sim.used_bytes() == 0);
+}
