@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole benchmark on a GPU machine: streamalloc-bench (every allocator in
 # one process), bench/python_bench.py (four allocator modes, a process each),
-# bench/streams_bench.py, captures of the two GPT-2 traces, replay of every
+# bench/streams_bench.py, captures of three traces (GPT-2 training with varying
+# length, GPT-2 generation, ResNet-50 at a fixed batch), replay of every
 # trace through torch's allocators and streamalloc (default settings and
 # plain segments), and the memory plot. Prints the markdown tables last.
 #
@@ -161,7 +162,7 @@ write_results() {
     echo
     echo "| step | result | seconds | ran |"
     echo "|---|---|---|---|"
-    for name in build machine microbench python_bench streams_bench capture_gpt2_train capture_gpt2_generate replay plot; do
+    for name in build machine microbench python_bench streams_bench capture_gpt2_train capture_gpt2_generate capture_resnet50_fixed replay plot; do
       if [[ -f $work/status/$name ]]; then
         IFS=$'\t' read -r -a status <"$work/status/$name"
         echo "| $name | ${status[0]} | ${status[1]} | ${status[2]} |"
@@ -210,11 +211,13 @@ micro_args=()
 python_args=()
 train_args=()
 generate_args=()
+resnet_args=()
 if [[ $quick == 1 ]]; then
   micro_args=(--reps 3 --pairs 2000 --thread-pairs 500 --mixed-steps 8000)
   python_args=(--quick)
   train_args=(--steps 4)
   generate_args=(--requests 3 --new-tokens 8)
+  resnet_args=(--steps 3)
 fi
 
 if is_selected microbench; then
@@ -247,18 +250,16 @@ if is_selected streams_bench; then
 fi
 
 if is_selected capture; then
-  for workload in gpt2_train gpt2_generate; do
-    if [[ $workload == gpt2_train ]]; then
-      trace=gpt2_train_varlen
-      workload_args=("${train_args[@]}")
-    else
-      trace=gpt2_generate
-      workload_args=("${generate_args[@]}")
-    fi
+  for workload in gpt2_train gpt2_generate resnet50_fixed; do
+    case $workload in
+      gpt2_train) trace=gpt2_train_varlen script=gpt2_train_varlen workload_args=("${train_args[@]}") ;;
+      gpt2_generate) trace=gpt2_generate script=gpt2_generate workload_args=("${generate_args[@]}") ;;
+      resnet50_fixed) trace=resnet50_fixed_batch script=resnet50_train_fixed workload_args=("${resnet_args[@]}") ;;
+    esac
     if may_start 180; then
       rm -f "$work/traces/$trace.trace.csv.gz"
       step "capture_$workload" "$limit" "$python_bin" scripts/capture_trace.py -o "$work/traces/$trace.trace.csv.gz" \
-        -- "bench/workloads/$trace.py" "${workload_args[@]}"
+        -- "bench/workloads/$script.py" "${workload_args[@]}"
     else
       not_started "capture_$workload"
     fi

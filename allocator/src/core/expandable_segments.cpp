@@ -31,6 +31,10 @@
 namespace streamalloc {
 namespace {
 
+// Stitches allowed at levels of allocated memory no higher than an earlier
+// stitch's, before stitching waits for a new level (Note [stitching]).
+constexpr int k_repeat_stitch_budget = 16;
+
 std::size_t chunks_for(std::size_t bytes, std::size_t chunk) { return (bytes + chunk - 1) / chunk; }
 
 void* to_pointer(std::uintptr_t address) { return reinterpret_cast<void*>(address); }
@@ -55,8 +59,9 @@ block* caching_allocator::grow_expandable_locked(std::size_t rounded, stream_han
   std::vector<physical_handle> handles;
   handles.reserve(where.chunks);
   std::size_t stolen = 0;
-  if (may_stitch && config_.stitching && !growth_within_slack_locked(where.chunks, rounded)) {
+  if (may_stitch && stitching_wanted_locked(where.chunks, rounded)) {
     stolen = steal_idle_chunks_locked(where.chunks, where, &handles);
+    if (stolen > 0) count_stitch_locked(rounded);
   }
 
   // New chunks for the rest, within the memory-fraction cap (which counts
@@ -93,27 +98,52 @@ block* caching_allocator::grow_expandable_locked(std::size_t rounded, stream_han
   return take_mapped_front_locked(where, stream);
 }
 
-bool caching_allocator::growth_within_slack_locked(std::size_t chunks, std::size_t rounded) const {
+bool caching_allocator::stitching_wanted_locked(std::size_t chunks, std::size_t rounded) const {
+  if (!config_.stitching) return false;
   // The ratio that matters is peak reserved over peak allocated: growth
   // that keeps reserved within the slack of the allocation peak costs
   // nothing there, so only growth beyond it is replaced by stitching.
-  const double peak = static_cast<double>(
-      std::max(stats_.allocated_bytes[0].peak, stats_.allocated_bytes[0].current + static_cast<std::int64_t>(rounded)));
+  const std::int64_t level = stats_.allocated_bytes[0].current + static_cast<std::int64_t>(rounded);
+  const double peak = static_cast<double>(std::max(stats_.allocated_bytes[0].peak, level));
   const double after = static_cast<double>(stats_.reserved_bytes[0].current) + static_cast<double>(chunks * chunk_bytes_);
-  return after <= (1.0 + config_.stitch_slack) * peak;
+  if (after <= (1.0 + config_.stitch_slack) * peak) return false;
+  // A workload that repeats itself at the same levels of allocated memory
+  // would otherwise stitch again every iteration: each stitch leaves holes
+  // that the next iteration's blocks no longer fit around. Past the budget
+  // it grows instead, until its allocations reach a new level.
+  return level > stitch_level_ || repeat_stitches_ < k_repeat_stitch_budget;
+}
+
+void caching_allocator::count_stitch_locked(std::size_t rounded) {
+  const std::int64_t level = stats_.allocated_bytes[0].current + static_cast<std::int64_t>(rounded);
+  if (level > stitch_level_) {
+    stitch_level_ = level;
+    repeat_stitches_ = 0;
+  } else {
+    ++repeat_stitches_;
+  }
 }
 
 caching_allocator::placement caching_allocator::place_locked(const free_block_set& unmapped, std::size_t rounded,
                                                              stream_handle stream) const {
   placement best;
   // The unmapped set is small (range tails and stitched-out holes); the
-  // fewest new chunks wins, then the smallest block (the set's order).
+  // fewest new chunks wins, then the smallest block (the set's order). A
+  // hole mapped whole also joins the free block of the stream after it, so
+  // mapping it can reunite free space that stitching cut apart.
   for (const free_entry& entry : unmapped) {
     block* target = entry.b;
     block* before = target->prev;
+    block* after = target->next;
     const bool extend = before != nullptr && before->is_free_mapped() && before->stream == stream && before->size < rounded;
-    const std::size_t chunks = chunks_for(rounded - (extend ? before->size : 0), chunk_bytes_);
-    if (chunks * chunk_bytes_ > target->size) continue;
+    const std::size_t missing = rounded - (extend ? before->size : 0);
+    std::size_t chunks = chunks_for(missing, chunk_bytes_);
+    if (chunks * chunk_bytes_ > target->size) {
+      const bool joins = after != nullptr && after->is_free_mapped() && after->stream == stream &&
+                         target->size + after->size >= missing;
+      if (!joins) continue;
+      chunks = target->size / chunk_bytes_;
+    }
     if (best.target == nullptr || chunks < best.chunks) best = {target, extend ? before : nullptr, chunks};
   }
   return best;
@@ -162,6 +192,8 @@ std::size_t caching_allocator::idle_chunks(const block* b) const {
 
 std::size_t caching_allocator::steal_idle_chunks_locked(std::size_t wanted, const placement& where,
                                                         std::vector<physical_handle>* out) {
+  // The blocks next to the target must keep their shape: an unmapped piece
+  // beside the target would merge into it.
   // The blocks next to the target must keep their shape: an unmapped piece
   // beside the target would merge into it.
   const block* keep[] = {where.prefix, where.target->prev, where.target->next};

@@ -127,7 +127,8 @@ class caching_allocator {
 
   // --- expandable segments and stitching (expandable_segments.cpp) ---
   block* grow_expandable_locked(std::size_t rounded, stream_handle stream, bool may_stitch);
-  bool growth_within_slack_locked(std::size_t chunks, std::size_t rounded) const;
+  bool stitching_wanted_locked(std::size_t chunks, std::size_t rounded) const;
+  void count_stitch_locked(std::size_t rounded);
   placement place_locked(const free_block_set& unmapped, std::size_t rounded, stream_handle stream) const;
   segment* reserve_range_locked(std::size_t rounded, bool small);
   std::size_t steal_idle_chunks_locked(std::size_t wanted, const placement& where, std::vector<physical_handle>* out);
@@ -202,6 +203,10 @@ class caching_allocator {
   std::size_t chunk_bytes_ = 0;
   std::size_t range_bytes_ = 0;
   pool_pair unmapped_{&set_nodes_};
+  // Note [stitching]: the highest level of allocated memory a stitch served,
+  // and the stitches since then at levels no higher.
+  std::int64_t stitch_level_ = 0;
+  int repeat_stitches_ = 0;
   std::map<pool_id, private_pool> private_pools_;
   std::vector<capture> captures_;
   std::atomic<int> capture_count_{0};
