@@ -77,6 +77,8 @@ allocator_config decode_config(byte_reader& in) {
   if (flags & 4) config.garbage_collection_threshold = 0.6;
   if (flags & 8) config.roundup_power2_divisions = 4;
   if (flags & 16) config.memory_fraction = 0.5;
+  if (flags & 32) config.expandable_segments = false;  // the device has virtual memory: default on
+  if (flags & 64) config.stitching = false;
   return config;
 }
 

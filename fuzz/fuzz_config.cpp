@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <string>
 
 #include "streamalloc/backend/sim_backend.hpp"
@@ -43,7 +44,17 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   sim_config device;
   device.capacity_bytes = 4_GiB;
   sim_backend sim(device);
-  caching_allocator alloc(sim, config);
+  std::unique_ptr<caching_allocator> made;
+  try {
+    made = std::make_unique<caching_allocator>(sim, config);
+  } catch (const config_error&) {
+    // The one device-dependent rule: chunks are whole granules (2 MiB here).
+    require(config.vmm_chunk_bytes % device.vm_granularity_bytes != 0, "allocator refused a valid config", text);
+    return 0;
+  }
+  require(config.vmm_chunk_bytes % device.vm_granularity_bytes == 0, "allocator accepted a chunk size off the granularity",
+          text);
+  caching_allocator& alloc = *made;
   const stream_handle stream = sim.new_stream();
   for (std::size_t bytes : {std::size_t{1}, 3_MiB, 30_MiB}) {
     void* p = nullptr;

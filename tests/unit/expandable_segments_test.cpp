@@ -4,6 +4,7 @@
 // key, the plain fallback, and device faults in reserve/create/map/unmap.
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -253,6 +254,15 @@ TEST_CASE("expandable: an allocation that cannot fit anywhere raises out_of_memo
   void* b = f.alloc.allocate(60_MiB, f.s1);  // the cache gives way to the new size
   f.check_consistent();
   f.alloc.free(b);
+}
+
+TEST_CASE("expandable: requests near SIZE_MAX raise out_of_memory", "[expandable]") {
+  sim_fixture f(vmm_device());
+  for (std::size_t bytes : {std::numeric_limits<std::size_t>::max() - 24'861, std::numeric_limits<std::size_t>::max() / 2}) {
+    REQUIRE_THROWS_AS(f.alloc.allocate(bytes, f.s1), out_of_memory);
+    f.check_consistent();
+  }
+  CHECK(f.sim.live_chunks() == 0);
 }
 
 TEST_CASE("expandable: chunk size key", "[expandable]") {

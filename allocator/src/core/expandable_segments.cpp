@@ -35,7 +35,7 @@ namespace {
 // stitch's, before stitching waits for a new level (Note [stitching]).
 constexpr int k_repeat_stitch_budget = 16;
 
-std::size_t chunks_for(std::size_t bytes, std::size_t chunk) { return (bytes + chunk - 1) / chunk; }
+std::size_t chunks_for(std::size_t bytes, std::size_t chunk) { return bytes / chunk + (bytes % chunk != 0 ? 1 : 0); }
 
 void* to_pointer(std::uintptr_t address) { return reinterpret_cast<void*>(address); }
 
@@ -47,6 +47,9 @@ block* caching_allocator::grow_any_locked(std::size_t rounded, stream_handle str
 }
 
 block* caching_allocator::grow_expandable_locked(std::size_t rounded, stream_handle stream, bool may_stitch) {
+  // Beyond the cap nothing can serve it (and chunk arithmetic stays far
+  // from overflow).
+  if (rounded > allowed_bytes_) return nullptr;
   const bool small = policy_.is_small(rounded);
   const free_block_set& unmapped = small ? unmapped_.small : unmapped_.large;
   placement where = place_locked(unmapped, rounded, stream);
