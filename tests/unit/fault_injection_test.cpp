@@ -3,8 +3,8 @@
 // waits, segment release inside empty_cache): afterwards the allocator is
 // consistent, the device holds exactly what it reserves, nothing leaks once
 // everything is freed, and the next request succeeds when memory exists.
-// The allocator does not use the virtual-memory API yet, so the vm_* fault
-// points have nothing to exercise here.
+// Faults in the virtual-memory operations (reserve, create, map, unmap) are
+// in expandable_segments_test.cpp; these tests use plain segments.
 #include <cstddef>
 #include <string>
 #include <vector>
