@@ -13,14 +13,17 @@
 // waste. Reserved memory is the mapped chunks; the "segment" stat and the
 // snapshot count each contiguous mapped run as one segment.
 //
-// Note [stitching]: before new chunks are created, idle chunks (wholly
+// Note [stitching]: when growth would take reserved memory more than
+// stitch_slack above the peak of allocated memory, idle chunks (wholly
 // inside free mapped blocks: the holes of fragmentation) are unmapped and
-// mapped where the request goes, so reserved memory stays near the live
-// bytes. Unmapping memory a queued kernel may still touch would fault, so
-// the streams of the donor blocks are synchronized first (one event each).
-// Only the slow path stitches; the result is an ordinary cached block.
-// Chunks go back to the device on empty_cache and under memory pressure,
-// after a device synchronization.
+// mapped where the request goes instead of creating new ones, so reserved
+// memory stays near the live bytes. Unmapping memory a queued kernel may
+// still touch would fault, so the streams of the donor blocks are
+// synchronized first (one event each). Only the slow path stitches; the
+// result is an ordinary cached block. A workload repeating itself at the
+// same levels of allocated memory gets k_repeat_stitch_budget stitches, then
+// grows until it reaches a new level. Chunks go back to the device on
+// empty_cache and under memory pressure, after a device synchronization.
 #include <algorithm>
 #include <limits>
 #include <string>
@@ -195,8 +198,6 @@ std::size_t caching_allocator::idle_chunks(const block* b) const {
 
 std::size_t caching_allocator::steal_idle_chunks_locked(std::size_t wanted, const placement& where,
                                                         std::vector<physical_handle>* out) {
-  // The blocks next to the target must keep their shape: an unmapped piece
-  // beside the target would merge into it.
   // The blocks next to the target must keep their shape: an unmapped piece
   // beside the target would merge into it.
   const block* keep[] = {where.prefix, where.target->prev, where.target->next};
