@@ -693,24 +693,26 @@ allocator_snapshot caching_allocator::snapshot() const {
     info.stream = s->stream;
     info.is_small = s->is_small;
     info.pool = s->pool;
-    for (const block* b = s->first; b != nullptr; b = b->next) {
-      block_info bi;
-      bi.address = b->address;
-      bi.size = b->size;
-      bi.requested_size = b->requested_size;
-      bi.stream = b->stream;
-      bi.state = b->allocated ? block_state::active_allocated
-                              : (b->pending_events > 0 ? block_state::active_pending_free : block_state::inactive);
-      if (b->allocated) info.allocated_size += b->size;
-      if (bi.state != block_state::inactive) {
-        info.active_size += b->size;
-        info.requested_size += b->requested_size;
-      }
-      info.blocks.push_back(bi);
-    }
+    for (const block* b = s->first; b != nullptr; b = b->next) append_block_info(b, &info);
     out.segments.push_back(std::move(info));
   }
   return out;
+}
+
+void caching_allocator::append_block_info(const block* b, segment_info* info) {
+  block_info bi;
+  bi.address = b->address;
+  bi.size = b->size;
+  bi.requested_size = b->requested_size;
+  bi.stream = b->stream;
+  bi.state = b->allocated ? block_state::active_allocated
+                          : (b->pending_events > 0 ? block_state::active_pending_free : block_state::inactive);
+  if (b->allocated) info->allocated_size += b->size;
+  if (bi.state != block_state::inactive) {
+    info->active_size += b->size;
+    info->requested_size += b->requested_size;
+  }
+  info->blocks.push_back(bi);
 }
 
 bool caching_allocator::owns(const void* ptr) const {

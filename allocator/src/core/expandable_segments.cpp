@@ -257,14 +257,7 @@ std::size_t caching_allocator::unmap_idle_chunks_locked(block* d, std::size_t ma
   while (done < wanted) {
     const std::uintptr_t at = last - (done + 1) * chunk;
     if (!backend_.vm_unmap(to_pointer(at), chunk)) break;
-    const std::size_t slot = s->slot_of(at);
-    const physical_handle handle = s->chunks[slot];
-    s->chunks[slot] = 0;
-    s->stitched[slot] = false;
-    --s->mapped_chunks;
-    update_stat(stats_.reserved_bytes, s, -static_cast<std::int64_t>(chunk));
-    stats_.mapped_chunks.decrease(1);
-    ++stats_.num_chunk_unmaps;
+    const physical_handle handle = forget_chunk_locked(s, at);
     if (keep != nullptr) {
       keep->push_back(handle);
     } else {
@@ -326,15 +319,7 @@ status caching_allocator::map_chunks_locked(block* target, const std::vector<phy
       // Undo the part already mapped; the caller destroys every handle.
       for (std::size_t j = i; j-- > 0;) {
         const std::uintptr_t undo = target->address + j * chunk_bytes_;
-        if (backend_.vm_unmap(to_pointer(undo), chunk_bytes_)) {
-          const std::size_t slot = s->slot_of(undo);
-          s->chunks[slot] = 0;
-          s->stitched[slot] = false;
-          --s->mapped_chunks;
-          update_stat(stats_.reserved_bytes, s, -static_cast<std::int64_t>(chunk_bytes_));
-          stats_.mapped_chunks.decrease(1);
-          ++stats_.num_chunk_unmaps;
-        }
+        if (backend_.vm_unmap(to_pointer(undo), chunk_bytes_)) forget_chunk_locked(s, undo);
       }
       return st;
     }
@@ -347,6 +332,18 @@ status caching_allocator::map_chunks_locked(block* target, const std::vector<phy
     ++stats_.num_chunk_maps;
   }
   return status::success();
+}
+
+physical_handle caching_allocator::forget_chunk_locked(segment* s, std::uintptr_t at) {
+  const std::size_t slot = s->slot_of(at);
+  const physical_handle handle = s->chunks[slot];
+  s->chunks[slot] = 0;
+  s->stitched[slot] = false;
+  --s->mapped_chunks;
+  update_stat(stats_.reserved_bytes, s, -static_cast<std::int64_t>(s->chunk_bytes));
+  stats_.mapped_chunks.decrease(1);
+  ++stats_.num_chunk_unmaps;
+  return handle;
 }
 
 void caching_allocator::destroy_chunks_locked(const std::vector<physical_handle>& handles) {
@@ -527,20 +524,8 @@ void caching_allocator::snapshot_expandable_locked(const segment* s, allocator_s
     info.pool = s->pool;
     info.is_expandable = true;
     for (; b != nullptr && b->mapped; b = b->next) {
-      block_info bi;
-      bi.address = b->address;
-      bi.size = b->size;
-      bi.requested_size = b->requested_size;
-      bi.stream = b->stream;
-      bi.state = b->allocated ? block_state::active_allocated
-                              : (b->pending_events > 0 ? block_state::active_pending_free : block_state::inactive);
-      if (b->allocated) info.allocated_size += b->size;
-      if (bi.state != block_state::inactive) {
-        info.active_size += b->size;
-        info.requested_size += b->requested_size;
-      }
+      append_block_info(b, &info);
       info.total_size += b->size;
-      info.blocks.push_back(bi);
     }
     for (std::size_t slot = s->slot_of(info.address); slot < s->slot_of(info.address + info.total_size); ++slot) {
       if (s->stitched[slot]) info.is_stitched = true;

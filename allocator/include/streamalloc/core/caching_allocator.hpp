@@ -135,6 +135,8 @@ class caching_allocator {
   std::size_t idle_chunks(const block* b) const;
   std::size_t unmap_idle_chunks_locked(block* b, std::size_t max_chunks, std::vector<physical_handle>* keep);
   status map_chunks_locked(block* target, const std::vector<physical_handle>& handles, std::size_t stolen);
+  // The books of one chunk just unmapped at `at`; returns its handle.
+  physical_handle forget_chunk_locked(segment* s, std::uintptr_t at);
   void destroy_chunks_locked(const std::vector<physical_handle>& handles);
   block* take_mapped_front_locked(const placement& where, stream_handle stream);
   void insert_unmapped_locked(block* b);
@@ -144,6 +146,8 @@ class caching_allocator {
   bool release_range_locked(segment* s);
   void release_ranges_at_exit();
   void snapshot_expandable_locked(const segment* s, allocator_snapshot* out) const;
+  // Adds `b` to a snapshot segment and to its allocated/active/requested sums.
+  static void append_block_info(const block* b, segment_info* info);
   void validate_expandable_locked(const segment* s, std::vector<physical_handle>* seen) const;
   std::int64_t mapped_neighbours(const block* left, const block* right) const {
     return (left != nullptr && left->mapped ? 1 : 0) + (right != nullptr && right->mapped ? 1 : 0);
