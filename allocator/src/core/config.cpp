@@ -58,6 +58,13 @@ std::size_t parse_scaled(std::string_view key, std::string_view value, std::size
   return count * unit;
 }
 
+// A size key that must be positive: "0" is an error naming the key.
+std::size_t parse_positive_size(std::string_view key, std::string_view value, std::size_t unit, const char* unit_name) {
+  const std::size_t bytes = parse_scaled(key, value, unit, unit_name);
+  if (bytes == 0) fail_value(key, value, std::string("a positive number of ") + unit_name);
+  return bytes;
+}
+
 double parse_real(std::string_view key, std::string_view value, const char* range) {
   double result = 0.0;
   const char* last = value.data() + value.size();
@@ -115,18 +122,14 @@ const key_handler k_handlers[] = {
      [](const allocator_config& c) { return std::to_string(c.min_block_bytes); }},
     {"small_size_kb", "Requests up to this many KiB are served from the small pool (default 1024).",
      [](allocator_config& c, std::string_view v) {
-       const std::size_t bytes = parse_scaled("small_size_kb", v, 1_KiB, "KiB");
-       if (bytes == 0) fail_value("small_size_kb", v, "a positive number of KiB");
-       c.small_request_bytes = bytes;
+       c.small_request_bytes = parse_positive_size("small_size_kb", v, 1_KiB, "KiB");
      },
      [](const allocator_config& c) {
        return render_scaled(c.small_request_bytes, 1_KiB, "small_request_bytes", "small_size_kb", "KiB");
      }},
     {"small_segment_mb", "Size in MiB of the segments the small pool carves its blocks from (default 2).",
      [](allocator_config& c, std::string_view v) {
-       const std::size_t bytes = parse_scaled("small_segment_mb", v, 1_MiB, "MiB");
-       if (bytes == 0) fail_value("small_segment_mb", v, "a positive number of MiB");
-       c.small_segment_bytes = bytes;
+       c.small_segment_bytes = parse_positive_size("small_segment_mb", v, 1_MiB, "MiB");
      },
      [](const allocator_config& c) {
        return render_scaled(c.small_segment_bytes, 1_MiB, "small_segment_bytes", "small_segment_mb", "MiB");
@@ -134,9 +137,7 @@ const key_handler k_handlers[] = {
     {"large_segment_mb",
      "Size in MiB of the shared segments that serve large requests below min_large_alloc_mb (default 20).",
      [](allocator_config& c, std::string_view v) {
-       const std::size_t bytes = parse_scaled("large_segment_mb", v, 1_MiB, "MiB");
-       if (bytes == 0) fail_value("large_segment_mb", v, "a positive number of MiB");
-       c.large_segment_bytes = bytes;
+       c.large_segment_bytes = parse_positive_size("large_segment_mb", v, 1_MiB, "MiB");
      },
      [](const allocator_config& c) {
        return render_scaled(c.large_segment_bytes, 1_MiB, "large_segment_bytes", "large_segment_mb", "MiB");
@@ -145,18 +146,14 @@ const key_handler k_handlers[] = {
      "Large requests of at least this many MiB get a segment of their own, rounded up to large_round_mb "
      "(default 10).",
      [](allocator_config& c, std::string_view v) {
-       const std::size_t bytes = parse_scaled("min_large_alloc_mb", v, 1_MiB, "MiB");
-       if (bytes == 0) fail_value("min_large_alloc_mb", v, "a positive number of MiB");
-       c.min_large_alloc_bytes = bytes;
+       c.min_large_alloc_bytes = parse_positive_size("min_large_alloc_mb", v, 1_MiB, "MiB");
      },
      [](const allocator_config& c) {
        return render_scaled(c.min_large_alloc_bytes, 1_MiB, "min_large_alloc_bytes", "min_large_alloc_mb", "MiB");
      }},
     {"large_round_mb", "Segments of their own are rounded up to a multiple of this many MiB (default 2).",
      [](allocator_config& c, std::string_view v) {
-       const std::size_t bytes = parse_scaled("large_round_mb", v, 1_MiB, "MiB");
-       if (bytes == 0) fail_value("large_round_mb", v, "a positive number of MiB");
-       c.large_round_bytes = bytes;
+       c.large_round_bytes = parse_positive_size("large_round_mb", v, 1_MiB, "MiB");
      },
      [](const allocator_config& c) {
        return render_scaled(c.large_round_bytes, 1_MiB, "large_round_bytes", "large_round_mb", "MiB");
@@ -237,9 +234,7 @@ const key_handler k_handlers[] = {
      "Size in MiB of the physical chunks expandable segments map; a multiple of the device's granularity "
      "(2 MiB on current GPUs) (default 2).",
      [](allocator_config& c, std::string_view v) {
-       const std::size_t bytes = parse_scaled("vmm_chunk_mb", v, 1_MiB, "MiB");
-       if (bytes == 0) fail_value("vmm_chunk_mb", v, "a positive number of MiB");
-       c.vmm_chunk_bytes = bytes;
+       c.vmm_chunk_bytes = parse_positive_size("vmm_chunk_mb", v, 1_MiB, "MiB");
      },
      [](const allocator_config& c) {
        return render_scaled(c.vmm_chunk_bytes, 1_MiB, "vmm_chunk_bytes", "vmm_chunk_mb", "MiB");
