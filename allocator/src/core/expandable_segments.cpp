@@ -203,12 +203,19 @@ std::size_t caching_allocator::steal_idle_chunks_locked(std::size_t wanted, cons
   const block* keep[] = {where.prefix, where.target->prev, where.target->next};
   std::vector<block*> donors;
   for (const free_block_set* set : {&default_pool_.small, &default_pool_.large}) {
-    for (const free_entry& entry : *set) {
-      block* b = entry.b;
-      if (!b->owner->expandable || idle_chunks(b) == 0 || std::find(std::begin(keep), std::end(keep), b) != std::end(keep)) {
-        continue;
+    // Only blocks of a chunk or more can hold an idle chunk: per stream,
+    // start the walk at that size instead of visiting every cached block.
+    for (auto it = set->begin(); it != set->end();) {
+      const stream_handle s = it->key.stream;
+      const auto stream_end = set->upper_bound(block_key{s, std::numeric_limits<std::size_t>::max(), std::numeric_limits<std::uintptr_t>::max()});
+      for (it = set->lower_bound(block_key{s, chunk_bytes_, 0}); it != stream_end; ++it) {
+        block* b = it->b;
+        if (!b->owner->expandable || idle_chunks(b) == 0 || std::find(std::begin(keep), std::end(keep), b) != std::end(keep)) {
+          continue;
+        }
+        donors.push_back(b);
       }
-      donors.push_back(b);
+      it = stream_end;
     }
   }
   if (donors.empty()) return 0;
