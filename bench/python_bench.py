@@ -13,8 +13,16 @@ each under four allocators, every one in its own process:
 
     python bench/python_bench.py [--json FILE] [--modes native,streamalloc]
 
-The driver runs this same script once per mode (--worker MODE), prints
-markdown tables (medians over repetitions, [p10, p90]) and writes JSON.
+The driver runs this same script once per mode and round (--worker MODE),
+the modes of each round in a rotated order so that a slow spell of the
+machine does not fall on one mode only, pools the samples of all rounds,
+prints markdown tables (medians, [p10, p90]) and writes JSON.
+
+A training step is timed two ways: each step between two synchronizations
+(the host's launch time counts whenever it exceeds the GPU's), and steps
+issued back to back with one synchronization at the end (what a training
+loop sees). For streamalloc, the allocator's counters of device calls and
+stream synchronizations during the timed steps are reported too.
 """
 
 import argparse
@@ -86,23 +94,48 @@ def bench_empty_del(torch, reps, warmup, iterations):
             torch.cuda.synchronize()
             if rep >= warmup:
                 per_pair.append(elapsed / iterations)
-        results[label] = {"ns_per_pair": summarize(per_pair), "iterations": iterations, "reps": reps}
+        results[label] = {"ns_per_pair": summarize(per_pair), "samples": per_pair, "iterations": iterations, "reps": reps}
         log(f"empty+del {label}: median {results[label]['ns_per_pair']['median']:.0f} ns")
     return results
 
 
+# streamalloc counters that show slow-path work: device calls and waits.
+SLOW_PATH_COUNTERS = ("num_device_alloc", "num_device_free", "vmm.num_chunk_maps", "vmm.num_chunk_unmaps",
+                      "vmm.num_stitched_blocks", "vmm.num_stitch_syncs", "num_sync_all_streams", "num_alloc_retries")
+
+
+def slow_path_counters():
+    if "streamalloc" not in sys.modules:
+        return None
+    stats = sys.modules["streamalloc"].stats()
+    return {name: stats.get(name, 0) for name in SLOW_PATH_COUNTERS}
+
+
 def time_steps(torch, step, warmup, steps):
-    """Runs `step` warmup + steps times; returns per-step milliseconds of the
-    timed ones (each step synchronized, so the time is the step's GPU time)."""
+    """Runs `step` warmup + steps times, each between two synchronizations,
+    then `steps` more back to back with one synchronization at the end.
+    Returns the per-step milliseconds of the synchronized steps, the mean of
+    the back-to-back ones, and (streamalloc) the counter deltas over both."""
     times = []
+    before = None
     for i in range(warmup + steps):
+        if i == warmup:
+            before = slow_path_counters()
         torch.cuda.synchronize()
         start = time.perf_counter()
         step()
         torch.cuda.synchronize()
         if i >= warmup:
             times.append((time.perf_counter() - start) * 1e3)
-    return times
+    start = time.perf_counter()
+    for _ in range(steps):
+        step()
+    torch.cuda.synchronize()
+    back_to_back = (time.perf_counter() - start) * 1e3 / steps
+    after = slow_path_counters()
+    deltas = None if after is None else {name: after[name] - before[name] for name in after}
+    return {"ms_per_step": summarize(times), "samples": times, "back_to_back_ms": back_to_back,
+            "slow_path_during_timed_steps": deltas}
 
 
 def bench_gpt2(torch, warmup, steps, batch, length):
@@ -112,8 +145,8 @@ def bench_gpt2(torch, warmup, steps, batch, length):
     model, optimizer = make_training(seed=0)
     tokens = torch.randint(0, model.config.vocab_size, (batch, length + 1), device="cuda")
     idx, targets = tokens[:, :-1], tokens[:, 1:]
-    times = time_steps(torch, lambda: training_step(model, optimizer, idx, targets), warmup, steps)
-    result = {"ms_per_step": summarize(times), "batch": batch, "seq_len": length, "steps": steps, **memory_peaks(torch)}
+    timing = time_steps(torch, lambda: training_step(model, optimizer, idx, targets), warmup, steps)
+    result = {**timing, "batch": batch, "seq_len": length, "steps": steps, **memory_peaks(torch)}
     del model, optimizer, tokens, idx, targets
     return result
 
@@ -134,8 +167,8 @@ def bench_resnet50(torch, warmup, steps, batch):
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
-    times = time_steps(torch, step, warmup, steps)
-    result = {"ms_per_step": summarize(times), "batch": batch, "steps": steps, **memory_peaks(torch)}
+    timing = time_steps(torch, step, warmup, steps)
+    result = {**timing, "batch": batch, "steps": steps, **memory_peaks(torch)}
     del model, optimizer, images, labels
     return result
 
@@ -182,14 +215,56 @@ def worker(mode, out_path, args):
 # ---------------------------------------------------------------- driver
 
 
+WORKLOADS = [("gpt2_train_step", "GPT-2 small step"), ("resnet50_train_step", "ResNet-50 step")]
+
+
 def run_workers(args, passthrough):
-    results = {}
-    for mode in args.modes:
-        log(f"running mode {mode}")
-        start = time.perf_counter()
-        results[mode] = run_worker(__file__, mode, passthrough, args.timeout)
-        results[mode]["wall_s"] = round(time.perf_counter() - start, 1)
-    return results
+    """Every mode once per round, round r starting at the r-th mode; returns
+    each mode's rounds merged (merge_rounds)."""
+    rounds = {mode: [] for mode in args.modes}
+    for r in range(args.rounds):
+        order = args.modes[r % len(args.modes):] + args.modes[:r % len(args.modes)]
+        for mode in order:
+            log(f"round {r + 1}/{args.rounds}: running mode {mode}")
+            start = time.perf_counter()
+            result = run_worker(__file__, mode, passthrough, args.timeout)
+            result["wall_s"] = round(time.perf_counter() - start, 1)
+            rounds[mode].append(result)
+    return {mode: merge_rounds(mode, results) for mode, results in rounds.items()}
+
+
+def merge_rounds(mode, rounds):
+    """One result per mode: samples pooled over the rounds and summarized
+    again, back-to-back step times and slow-path counters per round, memory
+    peaks at their highest. A mode with a failed round reports the failure."""
+    failed = [r for r in rounds if "error" in r]
+    if failed:
+        return {"mode": mode, "error": f"{len(failed)} of {len(rounds)} rounds failed: {failed[0]['error']}",
+                "rounds": rounds}
+    merged = {k: v for k, v in rounds[0].items() if k not in ("empty_del", *dict(WORKLOADS))}
+    merged["rounds"] = len(rounds)
+    merged["wall_s"] = round(sum(r["wall_s"] for r in rounds), 1)
+    merged["empty_del"] = {}
+    for label, _ in EMPTY_SIZES:
+        samples = [x for r in rounds for x in r["empty_del"][label]["samples"]]
+        merged["empty_del"][label] = {**rounds[0]["empty_del"][label], "ns_per_pair": summarize(samples), "samples": samples}
+    for key, _ in WORKLOADS:
+        per_round = [r[key] for r in rounds]
+        samples = [x for w in per_round for x in w["samples"]]
+        workload = {k: v for k, v in per_round[0].items() if k not in ("peak_allocated", "peak_reserved", "error")}
+        workload.update({
+            "ms_per_step": summarize(samples), "samples": samples,
+            "back_to_back_ms": summarize([w["back_to_back_ms"] for w in per_round]),
+            "back_to_back_ms_per_round": [w["back_to_back_ms"] for w in per_round],
+            "slow_path_during_timed_steps": [w["slow_path_during_timed_steps"] for w in per_round],
+        })
+        if all("peak_reserved" in w for w in per_round):
+            workload["peak_allocated"] = max(w["peak_allocated"] for w in per_round)
+            workload["peak_reserved"] = max(w["peak_reserved"] for w in per_round)
+        else:
+            workload["error"] = next(w["error"] for w in per_round if "error" in w)
+        merged[key] = workload
+    return merged
 
 
 def fmt_ns(summary):
@@ -214,7 +289,9 @@ def print_tables(results, modes):
     first = next(iter(ok.values()), {})
     print(f"## Python-level benchmark (bench/python_bench.py) on {first.get('device', '?')}, torch {first.get('torch', '?')}")
     print()
-    print("Each column is its own process: " + "; ".join(
+    rounds = first.get("rounds", 1)
+    print(f"Each column pools {rounds} round{'s' if rounds != 1 else ''}, a process per mode and round, the modes of a round "
+          "in rotated order: " + "; ".join(
         f"{m}: " + (f"PYTORCH_CUDA_ALLOC_CONF={TORCH_MODE_CONF[m]}" if m in TORCH_MODE_CONF else
                     "streamalloc.install(), default settings" if m == "streamalloc" else "torch defaults")
         for m in modes))
@@ -243,9 +320,9 @@ def print_tables(results, modes):
             row += f" {native / ours:.2f}x |"
         print(row)
 
-    workloads = [("gpt2_train_step", "GPT-2 small step"), ("resnet50_train_step", "ResNet-50 step")]
+    workloads = WORKLOADS
     print()
-    print("### One training step (bf16 autocast), median [p10, p90]")
+    print("### One training step (bf16 autocast) between two synchronizations, median [p10, p90]")
     print()
     print(header("workload", "streamalloc step time vs native"))
     for key, name in workloads:
@@ -261,6 +338,30 @@ def print_tables(results, modes):
             row += f" {(ours / native - 1) * 100:+.2f}% time |"
         print(row)
 
+    print()
+    print("### Training steps back to back, one synchronization per run of steps: ms per step, median over rounds [min, max]")
+    print()
+    print(header("workload", "streamalloc step time vs native"))
+    for key, name in workloads:
+        cells = []
+        for m in modes:
+            if m not in ok:
+                cells.append("failed")
+                continue
+            b2b = ok[m][key]["back_to_back_ms"]
+            cells.append(f"{b2b['median']:.2f} ms [{b2b['min']:.2f}, {b2b['max']:.2f}]")
+        row = f"| {name} | " + " | ".join(cells) + " |"
+        if compare:
+            native = ok["native"][key]["back_to_back_ms"]["median"]
+            ours = ok["streamalloc"][key]["back_to_back_ms"]["median"]
+            row += f" {(ours / native - 1) * 100:+.2f}% time |"
+        print(row)
+    if "streamalloc" in ok:
+        print()
+        print("streamalloc's device calls and waits during the timed steps (per round, sum of the counters "
+              + ", ".join(SLOW_PATH_COUNTERS) + "): " + "; ".join(
+                  f"{name} " + ", ".join(str(sum(d.values())) for d in ok["streamalloc"][key]["slow_path_during_timed_steps"])
+                  for key, name in workloads))
     print()
     print("### Peak memory of the training steps, GiB reserved / allocated")
     print()
@@ -285,6 +386,7 @@ def main():
     parser.add_argument("--modes", default=",".join(MODES), help="comma-separated, from: " + ", ".join(MODES))
     parser.add_argument("--json", help="write all results to this file")
     parser.add_argument("--timeout", type=int, default=240, help="seconds per worker process (default 240)")
+    parser.add_argument("--rounds", type=int, default=3, help="runs of every mode, in rotated order (default 3)")
     parser.add_argument("--quick", action="store_true", help="few repetitions: checks the script, not the numbers")
     parser.add_argument("--worker", choices=MODES, help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
@@ -299,7 +401,7 @@ def main():
     counts.add_argument("--resnet-batch", type=int, default=64)
     args = parser.parse_args()
     if args.quick:
-        args.reps, args.warmup, args.iterations, args.steps, args.step_warmup = 3, 1, 500, 3, 1
+        args.reps, args.warmup, args.iterations, args.steps, args.step_warmup, args.rounds = 3, 1, 500, 3, 1, 1
 
     if args.worker:
         worker(args.worker, args.out, args)

@@ -229,9 +229,10 @@ if is_selected microbench; then
   fi
 fi
 
-# Four worker processes of at most 100 s each (about 20 s each on an H200).
+# Three rounds of four worker processes, at most 100 s each (about 20 s
+# each on an H200).
 if is_selected python_bench; then
-  if may_start 450; then
+  if may_start 540; then
     rm -f "$work/python_bench.md" "$work/python_bench.json"
     markdown python_bench "$limit" "$python_bin" bench/python_bench.py --timeout 100 --json "$work/python_bench.json" \
       "${python_args[@]}"
