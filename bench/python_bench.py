@@ -321,41 +321,29 @@ def print_tables(results, modes):
         print(row)
 
     workloads = WORKLOADS
-    print()
-    print("### One training step (bf16 autocast) between two synchronizations, median [p10, p90]")
-    print()
-    print(header("workload", "streamalloc step time vs native"))
-    for key, name in workloads:
-        detail = ""
-        if key in first:
-            w = first[key]
-            detail = f" (batch {w['batch']}" + (f", seq {w['seq_len']}" if "seq_len" in w else "") + f", {w['steps']} steps)"
-        cells = [fmt_ms(ok[m][key]["ms_per_step"]) if m in ok else "failed" for m in modes]
-        row = f"| {name}{detail} | " + " | ".join(cells) + " |"
-        if compare:
-            native = ok["native"][key]["ms_per_step"]["median"]
-            ours = ok["streamalloc"][key]["ms_per_step"]["median"]
-            row += f" {(ours / native - 1) * 100:+.2f}% time |"
-        print(row)
 
-    print()
-    print("### Training steps back to back, one synchronization per run of steps: ms per step, median over rounds [min, max]")
-    print()
-    print(header("workload", "streamalloc step time vs native"))
-    for key, name in workloads:
-        cells = []
-        for m in modes:
-            if m not in ok:
-                cells.append("failed")
-                continue
-            b2b = ok[m][key]["back_to_back_ms"]
-            cells.append(f"{b2b['median']:.2f} ms [{b2b['min']:.2f}, {b2b['max']:.2f}]")
-        row = f"| {name} | " + " | ".join(cells) + " |"
-        if compare:
-            native = ok["native"][key]["back_to_back_ms"]["median"]
-            ours = ok["streamalloc"][key]["back_to_back_ms"]["median"]
-            row += f" {(ours / native - 1) * 100:+.2f}% time |"
-        print(row)
+    def step_table(title, figure, fmt, with_detail):
+        print()
+        print(title)
+        print()
+        print(header("workload", "streamalloc step time vs native"))
+        for key, name in workloads:
+            detail = ""
+            if with_detail and key in first:
+                w = first[key]
+                detail = f" (batch {w['batch']}" + (f", seq {w['seq_len']}" if "seq_len" in w else "") + f", {w['steps']} steps)"
+            cells = [fmt(ok[m][key][figure]) if m in ok else "failed" for m in modes]
+            row = f"| {name}{detail} | " + " | ".join(cells) + " |"
+            if compare:
+                native = ok["native"][key][figure]["median"]
+                ours = ok["streamalloc"][key][figure]["median"]
+                row += f" {(ours / native - 1) * 100:+.2f}% time |"
+            print(row)
+
+    step_table("### One training step (bf16 autocast) between two synchronizations, median [p10, p90]",
+               "ms_per_step", fmt_ms, True)
+    step_table("### Training steps back to back, one synchronization per run of steps: ms per step, median over rounds [min, max]",
+               "back_to_back_ms", lambda b: f"{b['median']:.2f} ms [{b['min']:.2f}, {b['max']:.2f}]", False)
     if "streamalloc" in ok:
         print()
         print("streamalloc's device calls and waits during the timed steps (per round, sum of the counters "
