@@ -320,14 +320,12 @@ def print_tables(results, modes):
             row += f" {native / ours:.2f}x |"
         print(row)
 
-    workloads = WORKLOADS
-
     def step_table(title, figure, fmt, with_detail):
         print()
         print(title)
         print()
         print(header("workload", "streamalloc step time vs native"))
-        for key, name in workloads:
+        for key, name in WORKLOADS:
             detail = ""
             if with_detail and key in first:
                 w = first[key]
@@ -349,13 +347,13 @@ def print_tables(results, modes):
         print("streamalloc's device calls and waits during the timed steps (per round, sum of the counters "
               + ", ".join(SLOW_PATH_COUNTERS) + "): " + "; ".join(
                   f"{name} " + ", ".join(str(sum(d.values())) for d in ok["streamalloc"][key]["slow_path_during_timed_steps"])
-                  for key, name in workloads))
+                  for key, name in WORKLOADS))
     print()
     print("### Peak memory of the training steps, GiB reserved / allocated")
     print()
     print("| workload | " + " | ".join(modes) + " |")
     print("|---|" + "---|" * len(modes))
-    for key, name in workloads:
+    for key, name in WORKLOADS:
         cells = []
         for m in modes:
             w = ok.get(m, {}).get(key)
@@ -388,6 +386,8 @@ def main():
     counts.add_argument("--gpt2-seq-len", type=int, default=1024)
     counts.add_argument("--resnet-batch", type=int, default=64)
     args = parser.parse_args()
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
     if args.quick:
         args.reps, args.warmup, args.iterations, args.steps, args.step_warmup, args.rounds = 3, 1, 500, 3, 1, 1
 
