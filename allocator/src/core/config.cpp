@@ -107,9 +107,30 @@ struct key_handler {
   const char* description;
   void (*apply)(allocator_config& config, std::string_view value);
   std::string (*render)(const allocator_config& config);
+  // A key that is a positive whole number of `unit` bytes stored in
+  // `size_field` (named `field_name` in errors) needs no apply or render.
+  std::size_t allocator_config::*size_field = nullptr;
+  std::size_t unit = 0;
+  const char* unit_name = nullptr;
+  const char* field_name = nullptr;
 };
 
-const key_handler k_handlers[] = {
+constexpr key_handler size_key(const char* key, const char* description, std::size_t allocator_config::*field,
+                               const char* field_name, std::size_t unit, const char* unit_name) {
+  return {key, description, nullptr, nullptr, field, unit, unit_name, field_name};
+}
+
+void apply_key(const key_handler& h, allocator_config& config, std::string_view value) {
+  if (h.size_field == nullptr) return h.apply(config, value);
+  config.*h.size_field = parse_positive_size(h.key, value, h.unit, h.unit_name);
+}
+
+std::string render_key(const key_handler& h, const allocator_config& config) {
+  if (h.size_field == nullptr) return h.render(config);
+  return render_scaled(config.*h.size_field, h.unit, h.field_name, h.key, h.unit_name);
+}
+
+constexpr key_handler k_handlers[] = {
     {"min_block_bytes",
      "Smallest block size and rounding unit for every request, in bytes; a power of two >= 256 (default 512).",
      [](allocator_config& c, std::string_view v) {
@@ -120,44 +141,19 @@ const key_handler k_handlers[] = {
        c.min_block_bytes = bytes;
      },
      [](const allocator_config& c) { return std::to_string(c.min_block_bytes); }},
-    {"small_size_kb", "Requests up to this many KiB are served from the small pool (default 1024).",
-     [](allocator_config& c, std::string_view v) {
-       c.small_request_bytes = parse_positive_size("small_size_kb", v, 1_KiB, "KiB");
-     },
-     [](const allocator_config& c) {
-       return render_scaled(c.small_request_bytes, 1_KiB, "small_request_bytes", "small_size_kb", "KiB");
-     }},
-    {"small_segment_mb", "Size in MiB of the segments the small pool carves its blocks from (default 2).",
-     [](allocator_config& c, std::string_view v) {
-       c.small_segment_bytes = parse_positive_size("small_segment_mb", v, 1_MiB, "MiB");
-     },
-     [](const allocator_config& c) {
-       return render_scaled(c.small_segment_bytes, 1_MiB, "small_segment_bytes", "small_segment_mb", "MiB");
-     }},
-    {"large_segment_mb",
-     "Size in MiB of the shared segments that serve large requests below min_large_alloc_mb (default 20).",
-     [](allocator_config& c, std::string_view v) {
-       c.large_segment_bytes = parse_positive_size("large_segment_mb", v, 1_MiB, "MiB");
-     },
-     [](const allocator_config& c) {
-       return render_scaled(c.large_segment_bytes, 1_MiB, "large_segment_bytes", "large_segment_mb", "MiB");
-     }},
-    {"min_large_alloc_mb",
-     "Large requests of at least this many MiB get a segment of their own, rounded up to large_round_mb "
-     "(default 10).",
-     [](allocator_config& c, std::string_view v) {
-       c.min_large_alloc_bytes = parse_positive_size("min_large_alloc_mb", v, 1_MiB, "MiB");
-     },
-     [](const allocator_config& c) {
-       return render_scaled(c.min_large_alloc_bytes, 1_MiB, "min_large_alloc_bytes", "min_large_alloc_mb", "MiB");
-     }},
-    {"large_round_mb", "Segments of their own are rounded up to a multiple of this many MiB (default 2).",
-     [](allocator_config& c, std::string_view v) {
-       c.large_round_bytes = parse_positive_size("large_round_mb", v, 1_MiB, "MiB");
-     },
-     [](const allocator_config& c) {
-       return render_scaled(c.large_round_bytes, 1_MiB, "large_round_bytes", "large_round_mb", "MiB");
-     }},
+    size_key("small_size_kb", "Requests up to this many KiB are served from the small pool (default 1024).",
+             &allocator_config::small_request_bytes, "small_request_bytes", 1_KiB, "KiB"),
+    size_key("small_segment_mb", "Size in MiB of the segments the small pool carves its blocks from (default 2).",
+             &allocator_config::small_segment_bytes, "small_segment_bytes", 1_MiB, "MiB"),
+    size_key("large_segment_mb",
+             "Size in MiB of the shared segments that serve large requests below min_large_alloc_mb (default 20).",
+             &allocator_config::large_segment_bytes, "large_segment_bytes", 1_MiB, "MiB"),
+    size_key("min_large_alloc_mb",
+             "Large requests of at least this many MiB get a segment of their own, rounded up to large_round_mb "
+             "(default 10).",
+             &allocator_config::min_large_alloc_bytes, "min_large_alloc_bytes", 1_MiB, "MiB"),
+    size_key("large_round_mb", "Segments of their own are rounded up to a multiple of this many MiB (default 2).",
+             &allocator_config::large_round_bytes, "large_round_bytes", 1_MiB, "MiB"),
     {"max_split_size_mb",
      "PyTorch's key: cached blocks of at least this many MiB are never split; at least large_segment_mb, or "
      "'unlimited' (default unlimited).",
@@ -230,15 +226,10 @@ const key_handler k_handlers[] = {
        c.stitch_slack = x;
      },
      [](const allocator_config& c) { return render_real(c.stitch_slack); }},
-    {"vmm_chunk_mb",
-     "Size in MiB of the physical chunks expandable segments map; a multiple of the device's granularity "
-     "(2 MiB on current GPUs) (default 2).",
-     [](allocator_config& c, std::string_view v) {
-       c.vmm_chunk_bytes = parse_positive_size("vmm_chunk_mb", v, 1_MiB, "MiB");
-     },
-     [](const allocator_config& c) {
-       return render_scaled(c.vmm_chunk_bytes, 1_MiB, "vmm_chunk_bytes", "vmm_chunk_mb", "MiB");
-     }},
+    size_key("vmm_chunk_mb",
+             "Size in MiB of the physical chunks expandable segments map; a multiple of the device's granularity "
+             "(2 MiB on current GPUs) (default 2).",
+             &allocator_config::vmm_chunk_bytes, "vmm_chunk_bytes", 1_MiB, "MiB"),
 };
 
 std::string valid_key_list() {
@@ -335,7 +326,7 @@ allocator_config allocator_config::with(const std::string& text) const {
     const key_handler* handler = find_handler(key);
     if (handler == nullptr) fail("unknown key '" + std::string(key) + "'; valid keys: " + valid_key_list());
     if (!seen.insert(key).second) fail("key " + std::string(key) + " appears more than once");
-    handler->apply(result, value);
+    apply_key(*handler, result, value);
   }
   check_consistency(result);
   return result;
@@ -363,7 +354,7 @@ std::string allocator_config::to_string() const {
     if (!text.empty()) text += ',';
     text += h.key;
     text += ':';
-    text += h.render(*this);
+    text += render_key(h, *this);
   }
   return text;
 }
