@@ -80,7 +80,9 @@ class scoped_env {
 TEST_CASE("config: defaults are PyTorch's constants", "[config]") {
   const allocator_config c;
   CHECK(c.min_block_bytes == 512);
-  CHECK(c.small_request_bytes == 1_MiB);
+  CHECK(c.small_request_bytes == 0);  // auto
+  CHECK(c.small_request_bytes_for(false) == 1_MiB);
+  CHECK(c.small_request_bytes_for(true) == 384_KiB);
   CHECK(c.small_segment_bytes == 2_MiB);
   CHECK(c.large_segment_bytes == 20_MiB);
   CHECK(c.min_large_alloc_bytes == 10_MiB);
@@ -274,6 +276,24 @@ TEST_CASE("config: per-key ranges", "[config]") {
   }
 }
 
+TEST_CASE("config: small_size_kb auto depends on the kind of segments", "[config]") {
+  const allocator_config automatic = allocator_config::parse("small_size_kb:auto");
+  CHECK(automatic.small_request_bytes == 0);
+  CHECK(automatic.small_request_bytes_for(false) == 1_MiB);
+  CHECK(automatic.small_request_bytes_for(true) == 384_KiB);
+  // Never below the smallest block.
+  const allocator_config big_blocks = allocator_config::parse("min_block_bytes:524288");
+  CHECK(big_blocks.small_request_bytes_for(true) == 512_KiB);
+  CHECK(big_blocks.small_request_bytes_for(false) == 1_MiB);
+  // An explicit value holds for both kinds.
+  const allocator_config fixed = allocator_config::parse("small_size_kb:1024");
+  CHECK(fixed.small_request_bytes_for(true) == 1_MiB);
+  CHECK(fixed.small_request_bytes_for(false) == 1_MiB);
+  CHECK(fixed.to_string().find("small_size_kb:1024,") != std::string::npos);
+  CHECK(contains(parse_error("small_size_kb:Auto"), "invalid value 'Auto' for small_size_kb"));
+  CHECK(contains(parse_error("small_size_kb:0"), "a positive number of KiB"));
+}
+
 TEST_CASE("config: cross-key consistency", "[config]") {
   CHECK(contains(parse_error("small_size_kb:4096"),
                  "small_segment_mb (2 MiB) must be at least small_size_kb (4096 KiB)"));
@@ -288,6 +308,10 @@ TEST_CASE("config: cross-key consistency", "[config]") {
   CHECK(contains(parse_error("small_size_kb:1,min_block_bytes:2048"),
                  "small_size_kb (1024 bytes) must be at least min_block_bytes (2048)"));
   CHECK_NOTHROW(allocator_config::parse("small_size_kb:1,min_block_bytes:1024"));
+  // Auto is checked at its plain value, the larger one.
+  CHECK_NOTHROW(allocator_config::parse("small_segment_mb:1"));
+  CHECK(contains(parse_error("min_block_bytes:2097152,small_segment_mb:2,large_round_mb:2"),
+                 "small_size_kb (auto: 1048576 bytes) must be at least min_block_bytes (2097152)"));
 
   // Segments must be whole numbers of minimum blocks.
   CHECK(contains(parse_error("min_block_bytes:4194304,small_size_kb:4096,small_segment_mb:6"),
@@ -365,7 +389,7 @@ TEST_CASE("config: to_string renders every key and round-trips", "[config]") {
     const std::string text = c.to_string();
     INFO(text);
     CHECK(text ==
-          "min_block_bytes:512,small_size_kb:1024,small_segment_mb:2,large_segment_mb:20,min_large_alloc_mb:10,"
+          "min_block_bytes:512,small_size_kb:auto,small_segment_mb:2,large_segment_mb:20,min_large_alloc_mb:10,"
           "large_round_mb:2,max_split_size_mb:unlimited,max_non_split_rounding_mb:20,roundup_power2_divisions:0,"
           "cross_stream_reuse:True,memory_fraction:1,garbage_collection_threshold:0,expandable_segments:True,"
           "stitching:True,stitch_slack:0.005,vmm_chunk_mb:2");

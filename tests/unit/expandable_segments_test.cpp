@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "streamalloc/backend/sim_backend.hpp"
@@ -91,6 +92,39 @@ TEST_CASE("expandable: small requests share chunks of their own range", "[expand
   for (void* p : small) f.alloc.free(p);
   f.alloc.free(large);
   f.check_consistent();
+}
+
+TEST_CASE("expandable: mid-size requests go to the large pool, plain segments keep 1 MiB", "[expandable]") {
+  allocator_config plain;
+  plain.expandable_segments = false;
+  sim_fixture expandable(vmm_device());
+  sim_fixture plain_segments(vmm_device(), plain);
+  const auto pool_bytes = [](const sim_fixture& f) {
+    const device_stats st = f.stats();
+    return std::pair<std::int64_t, std::int64_t>{small_pool(st.allocated_bytes), large_pool(st.allocated_bytes)};
+  };
+  for (sim_fixture* f : {&expandable, &plain_segments}) {
+    void* at_limit = f->alloc.allocate(384_KiB, f->s1);
+    void* above = f->alloc.allocate(384_KiB + 512, f->s1);
+    void* one_mib = f->alloc.allocate(1_MiB, f->s1);
+    f->check_consistent();
+    const std::int64_t mid = static_cast<std::int64_t>(384_KiB + 512 + 1_MiB);
+    if (f == &expandable) {
+      CHECK(pool_bytes(*f) == std::pair<std::int64_t, std::int64_t>{384_KiB, mid});
+    } else {
+      CHECK(pool_bytes(*f) == std::pair<std::int64_t, std::int64_t>{384_KiB + mid, 0});
+    }
+    for (void* p : {at_limit, above, one_mib}) f->alloc.free(p);
+  }
+  // A graph-capture pool is made of plain segments: 1 MiB limit there too.
+  expandable.alloc.begin_allocate_to_pool(3, [&](stream_handle s) { return s == expandable.s2; });
+  void* captured = expandable.alloc.allocate(1_MiB, expandable.s2);
+  expandable.alloc.end_allocate_to_pool(3);
+  CHECK(small_pool(expandable.stats().allocated_bytes) == static_cast<std::int64_t>(1_MiB));
+  CHECK(find_segment(expandable.snapshot(), addr(captured))->is_small);
+  expandable.alloc.free(captured);
+  expandable.alloc.release_pool(3);
+  expandable.check_consistent();
 }
 
 TEST_CASE("expandable: stitching moves idle chunks instead of growing", "[expandable]") {

@@ -1,6 +1,7 @@
 // The block-caching device allocator. Policy in brief:
 // - Requests are rounded (size_policy) and served from a small pool
-//   (<= 1 MiB, 2 MiB segments shared by many blocks) or a large pool.
+//   (<= 1 MiB, 2 MiB segments shared by many blocks; <= 384 KiB with
+//   expandable segments) or a large pool.
 // - Free blocks are cached per (memory pool, small/large, stream) and found
 //   by best fit; a found block is split when the remainder is worth keeping,
 //   and a freed block coalesces with free neighbours of the same stream.
@@ -46,7 +47,10 @@ const char* to_string(block_state state) {
 }
 
 caching_allocator::caching_allocator(device_backend& backend, allocator_config config)
-    : backend_(backend), config_(std::move(config)), policy_(config_), events_(backend) {
+    : backend_(backend),
+      config_(std::move(config)),
+      policy_(config_, config_.expandable_segments && backend.supports_virtual_memory()),
+      events_(backend) {
   config_.validate();
   device_memory_info info;
   const status st = backend_.memory_info(&info);
@@ -110,7 +114,7 @@ void* caching_allocator::allocate_locked(std::size_t bytes, stream_handle stream
   if (pool != 0 && private_pools_.find(pool) == private_pools_.end()) pool = 0;
   std::size_t rounded = 0;
   if (!policy_.round(bytes, &rounded)) raise_oom_locked(bytes);
-  free_block_set& free_set = pool_for_locked(pool, policy_.is_small(rounded));
+  free_block_set& free_set = pool_for_locked(pool, policy_.is_small(rounded, pool == 0));
   const bool capturing = capture_count_.load(std::memory_order_relaxed) != 0;
 
   // Stage 1: reclaim pending frees whose events have completed, so they are
@@ -225,7 +229,7 @@ block* caching_allocator::grow_locked(std::size_t rounded, stream_handle stream,
   s->address = to_address(ptr);
   s->size = segment_bytes;
   s->stream = stream;
-  s->is_small = policy_.is_small(rounded);
+  s->is_small = policy_.is_small(rounded, pool == 0);
   s->pool = pool;
   s->free_set = &pool_for_locked(pool, s->is_small);
   block* b = new_block_locked();

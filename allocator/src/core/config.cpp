@@ -3,6 +3,7 @@
 // rendering and the documentation, so the three cannot drift apart.
 #include "streamalloc/core/config.hpp"
 
+#include <algorithm>
 #include <cctype>
 #include <charconv>
 #include <cmath>
@@ -22,6 +23,7 @@ constexpr std::size_t k_min_block_floor_bytes = 256;
 constexpr unsigned k_max_roundup_divisions = 64;
 constexpr std::size_t k_unlimited = std::numeric_limits<std::size_t>::max();
 constexpr const char* k_unlimited_text = "unlimited";
+constexpr const char* k_auto_text = "auto";
 
 [[noreturn]] void fail(const std::string& message) { throw config_error("STREAMALLOC_CONF: " + message); }
 
@@ -141,8 +143,18 @@ constexpr key_handler k_handlers[] = {
        c.min_block_bytes = bytes;
      },
      [](const allocator_config& c) { return std::to_string(c.min_block_bytes); }},
-    size_key("small_size_kb", "Requests up to this many KiB are served from the small pool (default 1024).",
-             &allocator_config::small_request_bytes, "small_request_bytes", 1_KiB, "KiB"),
+    {"small_size_kb",
+     "Requests up to this many KiB are served from the small pool; 'auto' = 1024 (PyTorch's value) for plain "
+     "segments and 384 for expandable segments, whose large pool packs mid-size blocks into partly used chunks "
+     "(default auto).",
+     [](allocator_config& c, std::string_view v) {
+       c.small_request_bytes = v == k_auto_text ? 0 : parse_positive_size("small_size_kb", v, 1_KiB, "KiB");
+     },
+     [](const allocator_config& c) {
+       return c.small_request_bytes == 0 ? std::string(k_auto_text)
+                                         : render_scaled(c.small_request_bytes, 1_KiB, "small_request_bytes",
+                                                         "small_size_kb", "KiB");
+     }},
     size_key("small_segment_mb", "Size in MiB of the segments the small pool carves its blocks from (default 2).",
              &allocator_config::small_segment_bytes, "small_segment_bytes", 1_MiB, "MiB"),
     size_key("large_segment_mb",
@@ -280,13 +292,17 @@ std::vector<std::pair<std::string_view, std::string_view>> split_entries(std::st
 // Cross-key rules, checked once every key has been applied so the order of
 // keys in the string does not matter.
 void check_consistency(const allocator_config& c) {
-  if (c.small_request_bytes < c.min_block_bytes) {
-    fail("small_size_kb (" + std::to_string(c.small_request_bytes) + " bytes) must be at least min_block_bytes (" +
+  // Auto's larger value is the plain one; its expandable one follows
+  // min_block_bytes, so checking the plain one covers both.
+  const std::size_t small = c.small_request_bytes_for(false);
+  const std::string small_text = c.small_request_bytes == 0 ? "small_size_kb (auto: " : "small_size_kb (";
+  if (small < c.min_block_bytes) {
+    fail(small_text + std::to_string(small) + " bytes) must be at least min_block_bytes (" +
          std::to_string(c.min_block_bytes) + ")");
   }
-  if (c.small_segment_bytes < c.small_request_bytes) {
-    fail("small_segment_mb (" + mib_text(c.small_segment_bytes) + ") must be at least small_size_kb (" +
-         std::to_string(c.small_request_bytes / 1_KiB) + " KiB): a small segment must hold the largest small block");
+  if (c.small_segment_bytes < small) {
+    fail("small_segment_mb (" + mib_text(c.small_segment_bytes) + ") must be at least " + small_text +
+         std::to_string(small / 1_KiB) + " KiB): a small segment must hold the largest small block");
   }
   if (c.large_segment_bytes < c.min_large_alloc_bytes) {
     fail("large_segment_mb (" + mib_text(c.large_segment_bytes) + ") must be at least min_large_alloc_mb (" +
@@ -330,6 +346,11 @@ allocator_config allocator_config::with(const std::string& text) const {
   }
   check_consistency(result);
   return result;
+}
+
+std::size_t allocator_config::small_request_bytes_for(bool expandable) const {
+  if (small_request_bytes != 0) return small_request_bytes;
+  return expandable ? std::max(k_expandable_small_request_bytes, min_block_bytes) : k_plain_small_request_bytes;
 }
 
 void allocator_config::validate() const {

@@ -24,6 +24,10 @@
 // same levels of allocated memory gets k_repeat_stitch_budget stitches, then
 // grows until it reaches a new level. Chunks go back to the device on
 // empty_cache and under memory pressure, after a device synchronization.
+// Each mapped run ends in a partly used chunk beside an unmapped stretch;
+// no large request fits there, so the large pool of expandable segments
+// also takes mid-size requests (above 384 KiB by default) to fill them,
+// instead of the small pool growing (allocator_config::small_request_bytes_for).
 #include <algorithm>
 #include <limits>
 #include <string>
@@ -53,7 +57,7 @@ block* caching_allocator::grow_expandable_locked(std::size_t rounded, stream_han
   // Beyond the cap nothing can serve it (and chunk arithmetic stays far
   // from overflow).
   if (rounded > allowed_bytes_) return nullptr;
-  const bool small = policy_.is_small(rounded);
+  const bool small = policy_.is_small(rounded, true);
   const free_block_set& unmapped = small ? unmapped_.small : unmapped_.large;
   placement where = place_locked(unmapped, rounded, stream);
   if (where.target == nullptr) {

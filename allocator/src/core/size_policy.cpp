@@ -37,7 +37,7 @@ bool size_policy::round(std::size_t requested, std::size_t* out) const {
 }
 
 bool size_policy::segment_size(std::size_t rounded, std::size_t* out) const {
-  if (is_small(rounded)) {
+  if (rounded <= plain_small_bytes_) {
     *out = config_.small_segment_bytes;
     return true;
   }
@@ -53,7 +53,7 @@ bool size_policy::should_split(std::size_t block_size, std::size_t rounded, bool
   if (small || expandable) return remaining >= config_.min_block_bytes;
   // A large remainder is only worth keeping when it could serve a large
   // request; smaller leftovers stay attached (counted as allocated).
-  return !is_oversize(rounded) && remaining > config_.small_request_bytes;
+  return !is_oversize(rounded) && remaining > plain_small_bytes_;
 }
 
 bool size_policy::may_reuse(std::size_t block_size, std::size_t rounded) const {

@@ -15,8 +15,9 @@ namespace streamalloc {
 struct allocator_config {
   // Requests are rounded up to a multiple of this (and never below it).
   std::size_t min_block_bytes = 512;
-  // Requests up to this size are served from the small pool.
-  std::size_t small_request_bytes = 1_MiB;
+  // Requests up to this size are served from the small pool; 0 (auto)
+  // means small_request_bytes_for() picks by the kind of segments.
+  std::size_t small_request_bytes = 0;
   // Segment size for the small pool: many small blocks share one segment.
   std::size_t small_segment_bytes = 2_MiB;
   // Large requests below min_large_alloc_bytes share segments of this size.
@@ -52,6 +53,15 @@ struct allocator_config {
   // Size of the physical chunks expandable segments map; a multiple of the
   // device's virtual-memory granularity.
   std::size_t vmm_chunk_bytes = 2_MiB;
+
+  // The small-pool limit in force for a pool made of expandable or of plain
+  // segments. Auto: PyTorch's 1 MiB for plain segments; with expandable
+  // segments, k_expandable_small_request_bytes (or min_block_bytes if that is
+  // larger), so that mid-size blocks go to the large pool, where they fill
+  // the partly used chunks at the ends of mapped runs (Note [stitching]).
+  std::size_t small_request_bytes_for(bool expandable) const;
+  static constexpr std::size_t k_plain_small_request_bytes = 1_MiB;
+  static constexpr std::size_t k_expandable_small_request_bytes = 384_KiB;
 
   // Parses `text`; throws config_error naming the key and listing valid keys.
   // Keys not mentioned keep the defaults above. A key may appear once.

@@ -10,12 +10,21 @@ namespace streamalloc {
 
 class size_policy {
  public:
-  explicit size_policy(const allocator_config& config) : config_(config) {}
+  // `expandable`: whether the default pool is made of expandable segments
+  // (private pools always use plain ones).
+  size_policy(const allocator_config& config, bool expandable)
+      : config_(config),
+        plain_small_bytes_(config.small_request_bytes_for(false)),
+        default_pool_small_bytes_(config.small_request_bytes_for(expandable)) {}
 
   // Rounded block size for a request; false if it would overflow.
   bool round(std::size_t requested, std::size_t* out) const;
-  bool is_small(std::size_t rounded) const { return rounded <= config_.small_request_bytes; }
-  // Size of the segment to create for a rounded request; false on overflow.
+  // Whether the small pool serves `rounded`, in the default pool or in a
+  // private one.
+  bool is_small(std::size_t rounded, bool default_pool) const {
+    return rounded <= (default_pool ? default_pool_small_bytes_ : plain_small_bytes_);
+  }
+  // Size of the plain segment to create for a rounded request; false on overflow.
   bool segment_size(std::size_t rounded, std::size_t* out) const;
   // Whether a block of `block_size` serving `rounded` leaves a remainder
   // worth splitting off. In an expandable segment every remainder is: it
@@ -27,6 +36,8 @@ class size_policy {
 
  private:
   const allocator_config& config_;
+  const std::size_t plain_small_bytes_;
+  const std::size_t default_pool_small_bytes_;
 };
 
 }  // namespace streamalloc
