@@ -104,7 +104,7 @@ caching_allocator::~caching_allocator() {
 void* caching_allocator::allocate(std::size_t bytes, stream_handle stream) {
   if (bytes == 0) return nullptr;
   const pool_id pool = capture_count_.load(std::memory_order_acquire) != 0 ? route_capture(stream) : 0;
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::lock_guard<adaptive_mutex> lock(mutex_);
   return allocate_locked(bytes, stream, pool);
 }
 
@@ -282,7 +282,7 @@ void caching_allocator::take_block_locked(block* b, std::size_t rounded, std::si
 
 void caching_allocator::free(void* ptr) {
   if (ptr == nullptr) return;
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::lock_guard<adaptive_mutex> lock(mutex_);
   block* b = allocated_.erase(to_address(ptr));
   if (b == nullptr) throw usage_error(describe_unknown_pointer_locked(ptr));
   b->allocated = false;
@@ -304,7 +304,7 @@ void caching_allocator::free(void* ptr) {
 }
 
 void caching_allocator::record_stream(void* ptr, stream_handle stream) {
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::lock_guard<adaptive_mutex> lock(mutex_);
   block* b = allocated_.find(to_address(ptr));
   if (b == nullptr) throw usage_error("record_stream: " + describe_unknown_pointer_locked(ptr));
   if (stream == b->stream) return;
@@ -432,7 +432,7 @@ void caching_allocator::erase_free_locked(block* b) {
 // Giving memory back
 
 void caching_allocator::empty_cache() {
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::lock_guard<adaptive_mutex> lock(mutex_);
   // A capture may neither synchronize nor free device memory; the cache is
   // kept until it ends.
   if (capture_count_.load(std::memory_order_relaxed) != 0) return;
@@ -515,12 +515,12 @@ void caching_allocator::set_memory_fraction(double fraction) {
   if (!(fraction > 0.0 && fraction <= 1.0)) {
     throw usage_error("streamalloc: memory fraction must be in (0, 1], got " + std::to_string(fraction));
   }
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::lock_guard<adaptive_mutex> lock(mutex_);
   set_fraction_locked(fraction);
 }
 
 double caching_allocator::memory_fraction() const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::lock_guard<adaptive_mutex> lock(mutex_);
   return fraction_;
 }
 
@@ -535,14 +535,14 @@ void caching_allocator::set_fraction_locked(double fraction) {
 
 void caching_allocator::begin_allocate_to_pool(pool_id id, stream_filter filter) {
   if (id == 0) throw usage_error("streamalloc: private pool id 0 is reserved for the default pool");
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::lock_guard<adaptive_mutex> lock(mutex_);
   ++private_pools_.try_emplace(id, &set_nodes_).first->second.use_count;
   captures_.push_back({id, std::move(filter)});
   capture_count_.store(static_cast<int>(captures_.size()), std::memory_order_release);
 }
 
 void caching_allocator::end_allocate_to_pool(pool_id id) {
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::lock_guard<adaptive_mutex> lock(mutex_);
   auto it = std::find_if(captures_.begin(), captures_.end(), [&](const capture& c) { return c.id == id; });
   if (it == captures_.end()) throw usage_error("streamalloc: no allocation to private pool " + std::to_string(id) + " is underway");
   captures_.erase(it);
@@ -551,7 +551,7 @@ void caching_allocator::end_allocate_to_pool(pool_id id) {
 }
 
 void caching_allocator::release_pool(pool_id id) {
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::lock_guard<adaptive_mutex> lock(mutex_);
   auto it = private_pools_.find(id);
   if (it == private_pools_.end() || it->second.use_count == 0) {
     throw usage_error("streamalloc: private pool " + std::to_string(id) + " is not in use");
@@ -581,7 +581,7 @@ void caching_allocator::finish_deferred_frees_locked() {
 pool_id caching_allocator::route_capture(stream_handle stream) {
   std::vector<capture> active;
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    std::lock_guard<adaptive_mutex> lock(mutex_);
     active = captures_;
   }
   // The filters are evaluated without the lock: they query the runtime.
@@ -612,14 +612,14 @@ const free_block_set& caching_allocator::pool_for_locked(pool_id pool, bool smal
 // Introspection
 
 device_stats caching_allocator::stats() const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::lock_guard<adaptive_mutex> lock(mutex_);
   device_stats out = stats_;
   fill_fragmentation_locked(&out);
   return out;
 }
 
 void caching_allocator::reset_peak_stats() {
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::lock_guard<adaptive_mutex> lock(mutex_);
   for (stat_array* array : {&stats_.allocation, &stats_.segment, &stats_.active, &stats_.inactive_split,
                             &stats_.allocated_bytes, &stats_.reserved_bytes, &stats_.active_bytes,
                             &stats_.inactive_split_bytes, &stats_.requested_bytes}) {
@@ -630,7 +630,7 @@ void caching_allocator::reset_peak_stats() {
 }
 
 void caching_allocator::reset_accumulated_stats() {
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::lock_guard<adaptive_mutex> lock(mutex_);
   for (stat_array* array : {&stats_.allocation, &stats_.segment, &stats_.active, &stats_.inactive_split,
                             &stats_.allocated_bytes, &stats_.reserved_bytes, &stats_.active_bytes,
                             &stats_.inactive_split_bytes, &stats_.requested_bytes}) {
@@ -674,7 +674,7 @@ void caching_allocator::fill_fragmentation_locked(device_stats* out) const {
 }
 
 void caching_allocator::cache_info(std::size_t* largest_free_bytes, std::size_t* total_free_bytes) const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::lock_guard<adaptive_mutex> lock(mutex_);
   device_stats scratch;
   fill_fragmentation_locked(&scratch);
   if (largest_free_bytes != nullptr) *largest_free_bytes = static_cast<std::size_t>(scratch.largest_free_block_bytes);
@@ -682,7 +682,7 @@ void caching_allocator::cache_info(std::size_t* largest_free_bytes, std::size_t*
 }
 
 allocator_snapshot caching_allocator::snapshot() const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::lock_guard<adaptive_mutex> lock(mutex_);
   allocator_snapshot out;
   out.segments.reserve(segments_.size());
   for (const auto& [address, s] : segments_) {
@@ -720,12 +720,12 @@ void caching_allocator::append_block_info(const block* b, segment_info* info) {
 }
 
 bool caching_allocator::owns(const void* ptr) const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::lock_guard<adaptive_mutex> lock(mutex_);
   return allocated_.find(to_address(ptr)) != nullptr;
 }
 
 std::size_t caching_allocator::allocation_size(const void* ptr) const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::lock_guard<adaptive_mutex> lock(mutex_);
   const block* b = allocated_.find(to_address(ptr));
   if (b == nullptr) throw usage_error(describe_unknown_pointer_locked(ptr));
   return b->size;
@@ -803,7 +803,7 @@ void caching_allocator::delete_block_locked(block* b) {
 // - Every stat's current value equals a recount from the blocks.
 
 void caching_allocator::validate() const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::lock_guard<adaptive_mutex> lock(mutex_);
   auto fail = [](const std::string& what) { throw std::logic_error("streamalloc invariant violated: " + what); };
 
   device_stats recount;

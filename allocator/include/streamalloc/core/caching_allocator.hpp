@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "streamalloc/backend/device_backend.hpp"
+#include "streamalloc/core/adaptive_mutex.hpp"
 #include "streamalloc/core/address_map.hpp"
 #include "streamalloc/core/block.hpp"
 #include "streamalloc/core/config.hpp"
@@ -194,7 +195,7 @@ class caching_allocator {
   device_backend& backend_;
   const allocator_config config_;
   const size_policy policy_;
-  mutable std::mutex mutex_;
+  mutable adaptive_mutex mutex_;
   event_pool events_;
   node_recycler set_nodes_;  // before the pools: they return nodes to it
   std::size_t device_total_bytes_ = 0;
