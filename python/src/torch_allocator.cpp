@@ -452,6 +452,18 @@ std::vector<c10::cuda::CUDACachingAllocator::StreamSegmentSize> torch_allocator:
   return {};
 }
 
+void torch_allocator::enablePeerAccess(c10::DeviceIndex dev, c10::DeviceIndex dev_to_access) {
+  try {
+    // The runtime's peer access covers plain segments; chunks mapped into
+    // expandable segments are reachable only by the devices their mapping
+    // names, so dev_to_access's allocator opens them to dev as well.
+    CUDAPluggableAllocator::enablePeerAccess(dev, dev_to_access);
+    allocator_of(dev_to_access).allow_peer_access(dev);
+  } catch (...) {
+    rethrow_for_torch();
+  }
+}
+
 // A request for one pool's cache returns every pool's unused segments:
 // streamalloc releases per allocator, and that is a superset.
 void torch_allocator::emptyCache(c10::MempoolId_t /*mempool_id*/) {

@@ -39,6 +39,9 @@ class torch_allocator final : public torch::cuda::CUDAPluggableAllocator::CUDAPl
       c10::DeviceIndex device) override;
   void emptyCache(c10::MempoolId_t mempool_id = {0, 0}) override;
   void cacheInfo(c10::DeviceIndex device, std::size_t* largest_block) override;
+  // torch calls it before `dev` first reads or writes `dev_to_access`'s
+  // memory directly (a peer copy runs on the source device).
+  void enablePeerAccess(c10::DeviceIndex dev, c10::DeviceIndex dev_to_access) override;
 
   using CUDAPluggableAllocator::recordStream;  // the c10::Stream overload forwards here
   void recordStream(const c10::DataPtr& data, c10::cuda::CUDAStream stream) override;

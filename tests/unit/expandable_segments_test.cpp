@@ -355,6 +355,64 @@ TEST_CASE("expandable: graph-capture pools keep plain segments", "[expandable]")
   f.check_consistent();
 }
 
+TEST_CASE("expandable: peer access covers chunks mapped before and after it is allowed", "[expandable]") {
+  sim_fixture f(vmm_device());
+  void* before = f.alloc.allocate(3_MiB, f.s1);
+  CHECK_FALSE(f.sim.peer_allowed(before, 1));
+  f.alloc.allow_peer_access(1);
+  f.alloc.allow_peer_access(1);  // a second call changes nothing
+  f.alloc.allow_peer_access(0);  // the allocator's own device needs no grant
+  CHECK(f.sim.peer_allowed(before, 1));
+  CHECK(f.sim.peer_allowed(static_cast<char*>(before) + 3_MiB - 1, 1));
+  CHECK_FALSE(f.sim.peer_allowed(before, 2));
+  void* after = f.alloc.allocate(8_MiB, f.s1);
+  void* small = f.alloc.allocate(4_KiB, f.s1);
+  CHECK(f.sim.peer_allowed(after, 1));
+  CHECK(f.sim.peer_allowed(static_cast<char*>(after) + 8_MiB - 1, 1));
+  CHECK(f.sim.peer_allowed(small, 1));
+  f.check_consistent();
+
+  // Chunks unmapped by empty_cache and mapped again are opened again.
+  f.alloc.free(after);
+  f.alloc.empty_cache();
+  void* again = f.alloc.allocate(8_MiB, f.s1);
+  CHECK(f.sim.peer_allowed(again, 1));
+  for (void* p : {before, again, small}) f.alloc.free(p);
+  f.check_consistent();
+}
+
+TEST_CASE("expandable: a refused peer grant is an error and leaves nothing half mapped", "[expandable][fault]") {
+  sim_fixture f(vmm_device());
+  void* live = f.alloc.allocate(3_MiB, f.s1);
+  // The grant of the mapped chunks fails: the peer is not remembered.
+  f.sim.fail_nth(sim_fault_point::vm_allow_peer, 1, status_code::device_error);
+  CHECK_THROWS_AS(f.alloc.allow_peer_access(1), device_failure);
+  void* later = f.alloc.allocate(4_MiB, f.s1);
+  CHECK_FALSE(f.sim.peer_allowed(later, 1));
+
+  // A grant that fails while new chunks are mapped undoes that growth.
+  f.alloc.allow_peer_access(1);
+  const std::size_t mapped = f.sim.mapped_chunks();
+  f.sim.fail_nth(sim_fault_point::vm_allow_peer, 2, status_code::device_error);
+  CHECK_THROWS_AS(f.alloc.allocate(16_MiB, f.s1), device_failure);
+  CHECK(f.sim.mapped_chunks() == mapped);
+  f.check_consistent();
+  void* retry = f.alloc.allocate(16_MiB, f.s1);
+  CHECK(f.sim.peer_allowed(retry, 1));
+  for (void* p : {live, later, retry}) f.alloc.free(p);
+  f.check_consistent();
+}
+
+TEST_CASE("expandable: peer access needs no grant with plain segments", "[expandable]") {
+  allocator_config plain;
+  plain.expandable_segments = false;
+  sim_fixture f(vmm_device(), plain);
+  void* p = f.alloc.allocate(3_MiB, f.s1);
+  CHECK_NOTHROW(f.alloc.allow_peer_access(1));
+  CHECK(f.sim.counters().vm_maps == 0);
+  f.alloc.free(p);
+}
+
 TEST_CASE("expandable: a block freed on one stream serves another after an event wait", "[expandable]") {
   sim_fixture f(vmm_device(80_GiB, /*manual_events=*/true));
   void* p = f.alloc.allocate(6_MiB, f.s1);

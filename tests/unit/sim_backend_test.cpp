@@ -1216,6 +1216,16 @@ std::vector<fault_probe> fault_probes() {
                       return s;
                     },
                     [](const sim_counters& c) { return c.vm_unmaps; }});
+  probes.push_back({sim_fault_point::vm_allow_peer, "vm_allow_peer",
+                    [](sim_backend& b, bool* effect) {
+                      void* r = must_reserve(b, 2_MiB);
+                      const physical_handle c = must_create_chunk(b, 2_MiB);
+                      REQUIRE(b.vm_map(r, 2_MiB, c).ok());
+                      const status s = b.vm_allow_peer(r, 2_MiB, 1);
+                      *effect = b.peer_allowed(r, 1);
+                      return s;
+                    },
+                    nullptr});
   return probes;
 }
 

@@ -19,7 +19,7 @@ namespace streamalloc {
 namespace {
 
 static_assert(sizeof(std::uintptr_t) >= 8, "the simulated address space needs 64-bit pointers");
-static_assert(static_cast<int>(sim_fault_point::vm_unmap) + 1 == k_sim_fault_point_count,
+static_assert(static_cast<int>(sim_fault_point::vm_allow_peer) + 1 == k_sim_fault_point_count,
               "k_sim_fault_point_count must match sim_fault_point");
 
 // Each simulated device gets its own 64 TiB of addresses, as GPUs share one
@@ -91,6 +91,8 @@ const char* point_name(sim_fault_point point) {
       return "vm_map";
     case sim_fault_point::vm_unmap:
       return "vm_unmap";
+    case sim_fault_point::vm_allow_peer:
+      return "vm_allow_peer";
   }
   return "unknown fault point";
 }
@@ -525,8 +527,31 @@ status sim_backend::vm_unmap(void* address, std::size_t bytes) {
                                            " (touched, no completed event recorded since)"};
   }
   c.mapped_at = 0;
+  c.peers.clear();
   mappings.erase(mapping);
   ++counters_.vm_unmaps;
+  return status::success();
+}
+
+status sim_backend::vm_allow_peer(void* address, std::size_t bytes, int peer_device) {
+  if (!config_.virtual_memory) return unsupported();
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (status s = check_fault_locked(sim_fault_point::vm_allow_peer); !s) return s;
+  const std::uintptr_t at = address_of(address);
+  if (peer_device < 0 || peer_device == config_.device_index) {
+    return invalid("vm_allow_peer: device " + std::to_string(peer_device) + " is not a peer of device " +
+                   std::to_string(config_.device_index));
+  }
+  const auto range = range_containing(ranges_, at);
+  if (range == ranges_.end()) return invalid("vm_allow_peer: " + hex(at) + " is not inside a reserved range");
+  const auto mapping = range->second.mappings.find(at);
+  if (mapping == range->second.mappings.end()) return invalid("vm_allow_peer: nothing is mapped at " + hex(at));
+  chunk_state& c = chunks_.at(mapping->second);
+  if (c.bytes != bytes) {
+    return invalid("vm_allow_peer: the mapping at " + hex(at) + " has " + std::to_string(c.bytes) + " bytes, not " +
+                   std::to_string(bytes));
+  }
+  if (std::find(c.peers.begin(), c.peers.end(), peer_device) == c.peers.end()) c.peers.push_back(peer_device);
   return status::success();
 }
 
@@ -674,6 +699,20 @@ bool sim_backend::is_device_memory(const void* ptr, std::size_t bytes) const {
   if (at == 0 || at > std::numeric_limits<std::uintptr_t>::max() - span) return false;
   std::lock_guard<std::mutex> lock(mutex_);
   return in_segment_locked(at, span) || mapped_locked(at, span);
+}
+
+bool sim_backend::peer_allowed(const void* ptr, int peer_device) const {
+  const std::uintptr_t at = address_of(ptr);
+  std::lock_guard<std::mutex> lock(mutex_);
+  const auto range = range_containing(ranges_, at);
+  if (range == ranges_.end()) return false;
+  const auto& mappings = range->second.mappings;
+  auto mapping = mappings.upper_bound(at);
+  if (mapping == mappings.begin()) return false;
+  --mapping;
+  const chunk_state& c = chunks_.at(mapping->second);
+  if (at - mapping->first >= c.bytes) return false;
+  return std::find(c.peers.begin(), c.peers.end(), peer_device) != c.peers.end();
 }
 
 }  // namespace streamalloc

@@ -134,6 +134,27 @@ void caching_allocator::count_stitch_locked(std::size_t rounded) {
   }
 }
 
+void caching_allocator::allow_peer_access(int peer_device) {
+  std::lock_guard<adaptive_mutex> lock(mutex_);
+  if (!expandable_ || peer_device == backend_.device_index() ||
+      std::find(peers_.begin(), peers_.end(), peer_device) != peers_.end()) {
+    return;
+  }
+  for (const auto& [address, s] : segments_) {
+    if (!s->expandable) continue;
+    for (std::size_t slot = 0; slot < s->chunks.size(); ++slot) {
+      if (s->chunks[slot] == 0) continue;
+      const status st = backend_.vm_allow_peer(to_pointer(s->address + slot * s->chunk_bytes), s->chunk_bytes, peer_device);
+      if (!st) {
+        throw device_failure("streamalloc: device " + std::to_string(backend_.device_index()) +
+                             " could not open its memory to device " + std::to_string(peer_device) + ": " +
+                             st.message());
+      }
+    }
+  }
+  peers_.push_back(peer_device);
+}
+
 caching_allocator::placement caching_allocator::place_locked(const free_block_set& unmapped, std::size_t rounded,
                                                              stream_handle stream) const {
   placement best;
@@ -325,7 +346,11 @@ status caching_allocator::map_chunks_locked(block* target, const std::vector<phy
   segment* s = target->owner;
   for (std::size_t i = 0; i < handles.size(); ++i) {
     const std::uintptr_t at = target->address + i * chunk_bytes_;
-    const status st = backend_.vm_map(to_pointer(at), chunk_bytes_, handles[i]);
+    status st = backend_.vm_map(to_pointer(at), chunk_bytes_, handles[i]);
+    for (std::size_t p = 0; st && p < peers_.size(); ++p) {
+      st = backend_.vm_allow_peer(to_pointer(at), chunk_bytes_, peers_[p]);
+      if (!st) (void)backend_.vm_unmap(to_pointer(at), chunk_bytes_);
+    }
     if (!st) {
       // Undo the part already mapped; the caller destroys every handle.
       for (std::size_t j = i; j-- > 0;) {

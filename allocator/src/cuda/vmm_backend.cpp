@@ -112,6 +112,14 @@ std::string hex(std::uintptr_t value) {
 }
 
 std::uintptr_t address_of(const void* address) { return reinterpret_cast<std::uintptr_t>(address); }
+
+CUmemAccessDesc read_write_access(int device) {
+  CUmemAccessDesc access{};
+  access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  access.location.id = device;
+  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  return access;
+}
 CUdeviceptr device_pointer(const void* address) { return static_cast<CUdeviceptr>(address_of(address)); }
 
 status check_bytes(const char* operation, std::size_t bytes, std::size_t granularity) {
@@ -228,10 +236,7 @@ status vmm_backend::vm_map(void* address, std::size_t bytes, physical_handle chu
   const std::string where = format_bytes(bytes) + " at " + hex(address_of(address));
   CUresult result = api.mem_map(at, bytes, 0, chunk, 0);
   if (result != CUDA_SUCCESS) return failure(result, device_index(), "cuMemMap(chunk " + hex(chunk) + ", " + where + ")");
-  CUmemAccessDesc access{};
-  access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  access.location.id = device_index();
-  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  const CUmemAccessDesc access = read_write_access(device_index());
   result = api.mem_set_access(at, bytes, &access, 1);
   if (result != CUDA_SUCCESS) {
     // A mapping nobody may touch is useless; undo it so the caller sees
@@ -251,6 +256,21 @@ status vmm_backend::vm_unmap(void* address, std::size_t bytes) {
   const CUresult result = driver().mem_unmap(device_pointer(address), bytes);
   if (result != CUDA_SUCCESS) {
     return failure(result, device_index(), "cuMemUnmap(" + format_bytes(bytes) + " at " + hex(address_of(address)) + ")");
+  }
+  return status::success();
+}
+
+status vmm_backend::vm_allow_peer(void* address, std::size_t bytes, int peer_device) {
+  if (status s = check_address("vm_allow_peer", address, granularity_); !s) return s;
+  if (status s = check_bytes("vm_allow_peer", bytes, granularity_); !s) return s;
+  cuda_device_guard guard(device_index());
+  if (!guard.ok()) return guard_failure(guard, device_index());
+  const CUmemAccessDesc access = read_write_access(peer_device);
+  const CUresult result = driver().mem_set_access(device_pointer(address), bytes, &access, 1);
+  if (result != CUDA_SUCCESS) {
+    return failure(result, device_index(),
+                   "cuMemSetAccess(" + format_bytes(bytes) + " at " + hex(address_of(address)) + " for device " +
+                       std::to_string(peer_device) + ")");
   }
   return status::success();
 }

@@ -73,6 +73,13 @@ class device_backend {
     (void)address, (void)bytes;
     return unsupported();
   }
+  // Lets `peer_device` read and write the mapping of exactly `bytes` at
+  // `address` too (vm_map grants only this backend's own device); the grant
+  // ends with the mapping.
+  virtual status vm_allow_peer(void* address, std::size_t bytes, int peer_device) {
+    (void)address, (void)bytes, (void)peer_device;
+    return unsupported();
+  }
 
  protected:
   static status unsupported() { return {status_code::not_supported, "virtual memory is not supported by this backend"}; }

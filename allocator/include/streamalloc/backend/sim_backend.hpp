@@ -32,8 +32,9 @@ enum class sim_fault_point {
   vm_create,
   vm_map,
   vm_unmap,
+  vm_allow_peer,
 };
-constexpr int k_sim_fault_point_count = 12;
+constexpr int k_sim_fault_point_count = 13;
 
 struct sim_config {
   int device_index = 0;  // 0..126: each index gets its own 64 TiB of addresses
@@ -88,6 +89,7 @@ class sim_backend final : public device_backend {
   // Fails with device_error, mapping kept, while an unretired touch
   // overlaps the mapping (see touch()).
   status vm_unmap(void* address, std::size_t bytes) override;
+  status vm_allow_peer(void* address, std::size_t bytes, int peer_device) override;
 
   // --- test controls ---
   // A fresh stream handle (never 0, never reused).
@@ -135,6 +137,9 @@ class sim_backend final : public device_backend {
   std::size_t mapped_chunks() const;
   std::size_t live_touches() const;  // touches not yet retired
   sim_counters counters() const;
+  // Whether `peer_device` was allowed (vm_allow_peer) into the mapping that
+  // holds `ptr`; false when nothing is mapped there.
+  bool peer_allowed(const void* ptr, int peer_device) const;
   // Whether [ptr, ptr+bytes) lies inside a live segment or a mapped range.
   bool is_device_memory(const void* ptr, std::size_t bytes) const;
 
@@ -147,6 +152,7 @@ class sim_backend final : public device_backend {
   struct chunk_state {
     std::size_t bytes = 0;
     std::uintptr_t mapped_at = 0;  // 0 when unmapped
+    std::vector<int> peers;        // devices allowed into the current mapping
   };
   struct range_state {
     std::size_t bytes = 0;

@@ -26,6 +26,7 @@ class vmm_backend final : public cuda_backend {
   status vm_destroy(physical_handle chunk) override;
   status vm_map(void* address, std::size_t bytes, physical_handle chunk) override;
   status vm_unmap(void* address, std::size_t bytes) override;
+  status vm_allow_peer(void* address, std::size_t bytes, int peer_device) override;
 
  private:
   vmm_backend(int device, std::size_t granularity) : cuda_backend(device), granularity_(granularity) {}

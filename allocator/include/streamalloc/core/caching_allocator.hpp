@@ -48,6 +48,10 @@ class caching_allocator {
   void record_stream(void* ptr, stream_handle stream);
   // Returns every unused cached segment to the device.
   void empty_cache();
+  // Lets `peer_device` read and write this allocator's expandable-segment
+  // memory, mapped now or later (plain segments need no grant). Throws
+  // device_failure when the driver refuses.
+  void allow_peer_access(int peer_device);
   // Caps reserved memory at `fraction` of device memory (0 < fraction <= 1).
   void set_memory_fraction(double fraction);
   double memory_fraction() const;
@@ -207,6 +211,7 @@ class caching_allocator {
   bool expandable_ = false;
   std::size_t chunk_bytes_ = 0;
   std::size_t range_bytes_ = 0;
+  std::vector<int> peers_;  // devices every mapping is opened to (allow_peer_access)
   pool_pair unmapped_{&set_nodes_};
   // Note [stitching]: the highest level of allocated memory a stitch served,
   // and the stitches since then at levels no higher.
