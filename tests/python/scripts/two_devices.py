@@ -145,7 +145,9 @@ for source_device, target_device in ((0, 1), (1, 0)):
     for tensor, expected in list(live[source_device]):
         copied = tensor.to(f"cuda:{target_device}")
         live[target_device].append((copied, expected.clone()))
-        into = torch.empty(tensor.numel(), dtype=torch.float32, device=f"cuda:{target_device}")
+        # Same shape as the source: the second pass also copies the 2-D
+        # result of the first pass's strided copy.
+        into = torch.empty(tensor.shape, dtype=torch.float32, device=f"cuda:{target_device}")
         into.copy_(tensor, non_blocking=True)
         live[target_device].append((into, expected.clone()))
     source, expected = live[source_device][2]
