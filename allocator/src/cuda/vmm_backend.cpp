@@ -112,6 +112,7 @@ std::string hex(std::uintptr_t value) {
 }
 
 std::uintptr_t address_of(const void* address) { return reinterpret_cast<std::uintptr_t>(address); }
+CUdeviceptr device_pointer(const void* address) { return static_cast<CUdeviceptr>(address_of(address)); }
 
 CUmemAccessDesc read_write_access(int device) {
   CUmemAccessDesc access{};
@@ -120,7 +121,6 @@ CUmemAccessDesc read_write_access(int device) {
   access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
   return access;
 }
-CUdeviceptr device_pointer(const void* address) { return static_cast<CUdeviceptr>(address_of(address)); }
 
 status check_bytes(const char* operation, std::size_t bytes, std::size_t granularity) {
   if (bytes != 0 && bytes % granularity == 0) return status::success();
