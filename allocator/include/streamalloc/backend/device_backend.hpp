@@ -80,6 +80,14 @@ class device_backend {
     (void)address, (void)bytes, (void)peer_device;
     return unsupported();
   }
+  // A POSIX file descriptor another process can import `chunk` from (CUDA
+  // IPC of expandable segments). The descriptor stays open, owned by the
+  // backend, until the chunk is destroyed, so a receiver can still duplicate
+  // it after the sender has serialized it.
+  virtual status vm_export(physical_handle chunk, int* out_fd) {
+    (void)chunk, (void)out_fd;
+    return unsupported();
+  }
 
  protected:
   static status unsupported() { return {status_code::not_supported, "virtual memory is not supported by this backend"}; }

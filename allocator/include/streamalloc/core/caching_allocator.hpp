@@ -48,11 +48,15 @@ class caching_allocator {
   void record_stream(void* ptr, stream_handle stream);
   // Returns every unused cached segment to the device.
   void empty_cache();
+  // Returns only private pool `id`'s unused cached segments (id 0: the
+  // default pool's), as torch's emptyCache(mempool_id).
+  void empty_cache(pool_id id);
   // Lets `peer_device` read and write this allocator's expandable-segment
   // memory, mapped now or later (plain segments need no grant). Throws
   // device_failure when the driver refuses.
   void allow_peer_access(int peer_device);
-  // Caps reserved memory at `fraction` of device memory (0 < fraction <= 1).
+  // Caps reserved memory at `fraction` of device memory (0 <= fraction <= 1;
+  // 0 lets nothing new be reserved, as in torch).
   void set_memory_fraction(double fraction);
   double memory_fraction() const;
 
@@ -64,6 +68,55 @@ class caching_allocator {
   // Drops one use of pool `id`; at zero its memory returns to the device as
   // soon as its blocks are freed.
   void release_pool(pool_id id);
+
+  // --- private pools shared by torch.cuda.MemPool and graph trees ---
+  // Creates pool `id` with one use, or adds a use to it. With a `source`
+  // (only when the pool is created) the pool's segments come from it
+  // instead of the device backend.
+  void create_or_incref_pool(pool_id id, std::shared_ptr<segment_source> source = nullptr);
+  // Uses of pool `id` still held (0 for a pool that does not exist).
+  int pool_use_count(pool_id id) const;
+  // A default-pool request that would fail with out_of_memory first tries
+  // the free blocks of pools marked use_on_oom (torch's MemPool use_on_oom).
+  void set_pool_use_on_oom(pool_id id, bool use_on_oom);
+  // Blocks of pool `id` are never split: each allocation takes a whole
+  // segment of its own (torch's MemPool no_split).
+  void set_pool_no_split(pool_id id, bool no_split);
+  // The block layout of pool `id` (Note [pool checkpoints]); throws
+  // usage_error while a block of the pool awaits stream events.
+  pool_checkpoint checkpoint_pool(pool_id id) const;
+  // Frees every allocation of the checkpoint's pool, then allocates the
+  // blocks the checkpoint records as allocated, at their addresses.
+  pool_restore_result restore_pool(const pool_checkpoint& state);
+  // Whether the live allocations of pool `id` are exactly `expected`.
+  bool pool_allocations_match(pool_id id, const std::vector<const void*>& expected) const;
+
+  // --- memory history ---
+  // Events are collected while a listener is set (nullptr: none, the
+  // default) and delivered after each call releases the lock; the listener
+  // must outlive its registration.
+  void set_trace_listener(trace_listener* listener);
+
+  // --- settings at run time (torch.cuda.memory._set_allocator_settings) ---
+  // Applies the keys that may change while memory is live:
+  // max_split_bytes, roundup_power2_divisions, garbage_collection_threshold
+  // and expandable_segments (for segments created from now on). Every
+  // other field of `config` must equal the current one (usage_error).
+  void update_config(const allocator_config& config);
+  // The settings in force (a copy: update_config may change them).
+  allocator_config config() const;
+
+  // --- CUDA IPC ---
+  // The memory torch shares for the live allocation at `ptr`: the whole
+  // plain segment holding it, or the mapped chunks under it.
+  struct shareable_range {
+    std::uintptr_t address = 0;  // start of the shared range
+    std::size_t size = 0;
+    bool expandable = false;
+    std::size_t chunk_bytes = 0;           // expandable only
+    std::vector<physical_handle> chunks;   // expandable only, in address order
+  };
+  shareable_range share_range(const void* ptr) const;
 
   // --- introspection ---
   device_stats stats() const;
@@ -88,7 +141,6 @@ class caching_allocator {
   void unlock_after_fork();
 
   int device() const { return backend_.device_index(); }
-  const allocator_config& config() const { return config_; }
   device_backend& backend() { return backend_; }
 
  private:
