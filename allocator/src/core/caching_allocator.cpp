@@ -719,6 +719,11 @@ void caching_allocator::append_block_info(const block* b, segment_info* info) {
   info->blocks.push_back(bi);
 }
 
+allocator_config caching_allocator::config() const {
+  std::lock_guard<adaptive_mutex> lock(mutex_);
+  return config_;
+}
+
 bool caching_allocator::owns(const void* ptr) const {
   std::lock_guard<adaptive_mutex> lock(mutex_);
   return allocated_.find(to_address(ptr)) != nullptr;
