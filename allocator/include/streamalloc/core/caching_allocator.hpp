@@ -21,9 +21,12 @@
 #include "streamalloc/core/block.hpp"
 #include "streamalloc/core/config.hpp"
 #include "streamalloc/core/event_pool.hpp"
+#include "streamalloc/core/pool_checkpoint.hpp"
+#include "streamalloc/core/segment_source.hpp"
 #include "streamalloc/core/size_policy.hpp"
 #include "streamalloc/core/snapshot.hpp"
 #include "streamalloc/core/stats.hpp"
+#include "streamalloc/core/trace.hpp"
 
 namespace streamalloc {
 
