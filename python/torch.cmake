@@ -68,7 +68,9 @@ foreach(name c10 c10_cuda torch torch_cpu torch_cuda torch_python)
   list(APPEND torch_libraries ${STREAMALLOC_TORCH_LIB_${name}})
 endforeach()
 
-Python_add_library(streamalloc_torch MODULE WITH_SOABI src/module.cpp src/torch_allocator.cpp src/streams_bindings.cpp)
+Python_add_library(streamalloc_torch MODULE WITH_SOABI
+  src/module.cpp src/streams_bindings.cpp src/torch_allocator.cpp src/introspection.cpp src/memory_history.cpp
+  src/cuda_ipc.cpp src/pool_segment_source.cpp src/torch_pool_ids.cpp src/torch_settings.cpp)
 set_target_properties(streamalloc_torch PROPERTIES
   OUTPUT_NAME _C
   LIBRARY_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/lib

@@ -183,8 +183,9 @@ step_pip() {
 step_pytest() {
   local log="$step_log_dir/pytest.out"
   test -d "$site_dir" || { echo "gpu-check: the pip step did not install the package" >&2; return 1; }
-  PYTHONPATH="$site_dir${PYTHONPATH:+:$PYTHONPATH}" "$python_bin" -m pytest "$repo_root/tests/python" -v -rs \
-    2>&1 | tee "$log"
+  PYTHONPATH="$site_dir${PYTHONPATH:+:$PYTHONPATH}" \
+    STREAMALLOC_COUNTING_ALLOCATOR="$build_dir/lib/libcounting_allocator.so" \
+    "$python_bin" -m pytest "$repo_root/tests/python" -v -rs 2>&1 | tee "$log"
   # A run where everything skipped proves nothing on a GPU machine.
   grep -Eq '[0-9]+ passed' "$log" || { echo "gpu-check: pytest passed no test" >&2; return 1; }
 }

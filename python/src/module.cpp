@@ -11,10 +11,12 @@
 #include <exception>
 #include <string>
 
+#include "introspection.hpp"
 #include "process_allocator.hpp"
 #include "streamalloc/core/config.hpp"
 #include "streams_bindings.hpp"
 #include "torch_allocator.hpp"
+#include "torch_pool_ids.hpp"
 
 namespace py = pybind11;
 

@@ -1,9 +1,9 @@
-// torch_allocator: see the header. Every entry point turns streamalloc's
-// exceptions into torch's own (c10::OutOfMemoryError for out_of_memory, so
-// Python sees torch.cuda.OutOfMemoryError; c10::Error for the rest), so no
-// streamalloc type ever escapes into torch or Python as an unknown error.
+// torch_allocator: see the header. Every entry point runs through guarded()
+// (torch_errors.hpp), so streamalloc's exceptions reach torch and Python as
+// torch's own (torch.cuda.OutOfMemoryError, RuntimeError).
 #include "torch_allocator.hpp"
 
+#include <c10/core/Allocator.h>
 #include <c10/core/Device.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAFunctions.h>
@@ -13,77 +13,44 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
-#include <iterator>
 #include <limits>
+#include <map>
 #include <memory>
 #include <stdexcept>
 #include <string>
 #include <utility>
 
+#include "cuda_ipc.hpp"
+#include "introspection.hpp"
+#include "pool_segment_source.hpp"
 #include "process_allocator.hpp"
 #include "streamalloc/core/caching_allocator.hpp"
 #include "streamalloc/core/device_allocators.hpp"
+#include "torch_errors.hpp"
+#include "torch_pool_ids.hpp"
+#include "torch_settings.hpp"
 
 namespace streamalloc {
 namespace {
 
-using c10::cuda::CUDACachingAllocator::CUDAAllocator;
+namespace cca = c10::cuda::CUDACachingAllocator;
+using record_context = c10::CachingDeviceAllocator::RecordContext;
 
 // Note [tagged context]
 // torch hands a DataPtr's context, and nothing else, to its deleter. The
 // context is the block address with the device index in its low bits:
 // blocks start at multiples of min_block_bytes (a power of two >= 256) in
-// cudaMalloc'd segments (256-byte aligned or better), and a
-// c10::DeviceIndex is at most 127, so the low seven bits are always free.
-// The deleter reaches the owning caching_allocator with one atomic load and
-// takes only that allocator's lock, where the base class would take a
-// mutex of its own and update a pointer map on every allocation and free.
+// segments aligned to 256 bytes or better, and a c10::DeviceIndex is at
+// most 127, so the low seven bits are always free. The deleter reaches the
+// owning caching_allocator with one atomic load and takes only that
+// allocator's lock, where the base class would take a mutex of its own and
+// update a pointer map on every allocation and free.
 constexpr std::uintptr_t k_device_tag_mask = 127;
-
-// Note [pool ids]
-// torch names a private pool by a pair with exactly one non-zero side:
-// .first for a pool made by a capture, .second for graph_pool_handle().
-// Both sides are counters, so they fit in 63 bits and the top bit of a
-// streamalloc pool_id records the side. The mapping needs no table, and a
-// snapshot can name each segment's pool the way torch does.
-constexpr pool_id k_user_pool_bit = pool_id{1} << 63;
 
 stream_handle to_handle(cudaStream_t stream) { return reinterpret_cast<stream_handle>(stream); }
 cudaStream_t to_stream(stream_handle handle) { return reinterpret_cast<cudaStream_t>(handle); }
 
-caching_allocator* existing_allocator_of(int device) {
-  device_allocators* all = find_process_allocators();
-  return all == nullptr ? nullptr : all->find(device);
-}
-
-caching_allocator& allocator_of(int device) {
-  if (caching_allocator* existing = existing_allocator_of(device)) return *existing;
-  return process_allocators().at(device);
-}
-
-// Rejects negative indices always, and indices past the managed devices once
-// streamalloc knows how many there are.
-void check_device_index(int device) {
-  const int count = managed_device_count();
-  if (device < 0 || (count > 0 && device >= count)) {
-    throw usage_error("streamalloc: device index " + std::to_string(device) + " does not exist (" +
-                      std::to_string(count) + " device(s) managed)");
-  }
-}
-
-// Called inside a catch block: rethrows the exception being handled as the
-// torch exception Python users expect.
-[[noreturn]] void rethrow_for_torch() {
-  try {
-    throw;
-  } catch (const c10::Error&) {
-    throw;
-  } catch (const out_of_memory& e) {
-    TORCH_CHECK_WITH(OutOfMemoryError, false, e.what());
-  } catch (const std::exception& e) {
-    TORCH_CHECK(false, e.what());
-  }
-}
+torch_allocator* installed_instance();
 
 void* tag(void* ptr, c10::DeviceIndex device) {
   if (ptr == nullptr) return nullptr;
@@ -92,6 +59,8 @@ void* tag(void* ptr, c10::DeviceIndex device) {
                         " is not aligned for Note [tagged context]");
   return reinterpret_cast<void*>(address | static_cast<std::uintptr_t>(device));
 }
+
+c10::DataPtr tagged_data_ptr(void* ptr, c10::DeviceIndex device);
 
 // The DataPtr deleter. It runs inside destructors, so it reports a failed
 // free on stderr instead of throwing; a failure means a bug, never a normal
@@ -103,11 +72,22 @@ void delete_tagged(void* context) {
   const int device = static_cast<int>(bits & k_device_tag_mask);
   void* ptr = reinterpret_cast<void*>(bits & ~k_device_tag_mask);
   try {
-    allocator_of(device).free(ptr);
+    caching_allocator& allocator = allocator_of(device);
+    if (torch_allocator* owner = installed_instance()) {
+      owner->free_with_context(allocator, ptr);
+    } else {
+      allocator.free(ptr);
+    }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "streamalloc: could not free %p on device %d: %s\n", ptr, device, e.what());
   }
 }
+
+c10::DataPtr tagged_data_ptr(void* ptr, c10::DeviceIndex device) {
+  return {ptr, tag(ptr, device), &delete_tagged, c10::Device(c10::DeviceType::CUDA, device)};
+}
+
+// --- streamalloc's statistics and segments in torch's types ---
 
 c10::CachingAllocator::Stat to_torch(const stat_counter& in) {
   c10::CachingAllocator::Stat out;
@@ -147,7 +127,7 @@ c10::CachingDeviceAllocator::DeviceStats to_torch(const device_stats& in) {
   return out;
 }
 
-c10::CachingDeviceAllocator::SegmentInfo to_torch(const segment_info& in) {
+c10::CachingDeviceAllocator::SegmentInfo to_torch(const segment_info& in, const memory_history& history) {
   c10::CachingDeviceAllocator::SegmentInfo out;
   out.device = static_cast<c10::DeviceIndex>(in.device);
   out.address = in.address;
@@ -159,6 +139,7 @@ c10::CachingDeviceAllocator::SegmentInfo to_torch(const segment_info& in) {
   out.is_large = !in.is_small;
   out.is_expandable = in.is_expandable;
   out.owner_private_pool_id = to_mempool_id(in.pool);
+  if (history.recording()) out.context_when_allocated = history.segment_context(in.address);
   out.blocks.reserve(in.blocks.size());
   for (const block_info& b : in.blocks) {
     c10::CachingDeviceAllocator::BlockInfo block;
@@ -166,17 +147,20 @@ c10::CachingDeviceAllocator::SegmentInfo to_torch(const segment_info& in) {
     block.requested_size = b.requested_size;
     block.allocated = b.state == block_state::active_allocated;
     block.active = b.state != block_state::inactive;
-    out.blocks.push_back(block);
+    if (block.active && history.recording()) block.context_when_allocated = history.block_context(b.address);
+    out.blocks.push_back(std::move(block));
   }
   return out;
 }
 
-c10::cuda::CUDACachingAllocator::AllocatorConfigInfo config_metadata() {
+cca::AllocatorConfigInfo config_metadata() {
   const allocator_config config = process_allocator_config();
-  c10::cuda::CUDACachingAllocator::AllocatorConfigInfo info{};
+  cca::AllocatorConfigInfo info{};
   info.garbage_collection_threshold = config.garbage_collection_threshold;
   info.max_split_size = config.max_split_bytes;
+  info.expandable_segments = config.expandable_segments;
   info.last_allocator_settings = "streamalloc " + config.to_string();
+  if (config.roundup_power2_divisions != 0) info.roundup_power2_divisions = {config.roundup_power2_divisions};
   return info;
 }
 
@@ -193,6 +177,38 @@ std::size_t growth_headroom(caching_allocator& allocator) {
   return std::min(info.free_bytes, allowed > reserved ? allowed - reserved : 0);
 }
 
+// The device whose allocator owns the live allocation `ptr`: a raw pointer
+// carries no device, and the current one is the likely owner.
+int owner_of(const void* ptr) {
+  c10::DeviceIndex current = -1;
+  C10_CUDA_CHECK(c10::cuda::GetDevice(&current));
+  const auto owns = [ptr](int device) {
+    caching_allocator* allocator = existing_allocator_of(device);
+    return allocator != nullptr && allocator->owns(ptr);
+  };
+  if (owns(current)) return current;
+  for (int d = 0; d < managed_device_count(); ++d) {
+    if (d != current && owns(d)) return d;
+  }
+  return -1;
+}
+
+int checked_owner_of(const void* ptr, const char* operation) {
+  const int owner = owner_of(ptr);
+  TORCH_CHECK(owner >= 0, "streamalloc: ", operation, "(", ptr, "): not a live streamalloc allocation on any device");
+  return owner;
+}
+
+// A pool's block layout between getCheckpointState and
+// setCheckpointPoolState (CUDA graph trees).
+struct pool_checkpoint_state final : cca::AllocatorState {
+  pool_checkpoint_state(int device_index, pool_checkpoint layout) : device(device_index), checkpoint(std::move(layout)) {}
+  int device;
+  pool_checkpoint checkpoint;
+};
+
+// --- installation ---
+
 std::mutex& install_mutex() {
   static std::mutex* const mutex = new std::mutex;
   return *mutex;
@@ -205,7 +221,14 @@ std::shared_ptr<torch_allocator>& installed_allocator() {
   return *holder;
 }
 
-std::string too_late_message(CUDAAllocator& current) {
+std::atomic<torch_allocator*>& installed_pointer() {
+  static std::atomic<torch_allocator*> pointer{nullptr};
+  return pointer;
+}
+
+torch_allocator* installed_instance() { return installed_pointer().load(std::memory_order_acquire); }
+
+std::string too_late_message(cca::CUDAAllocator& current) {
   std::string held;
   try {
     std::int64_t allocated = 0;
@@ -243,73 +266,13 @@ void reconfigure(const std::string& overrides) {
                            "STREAMALLOC_CONF, before CUDA is used.");
 }
 
+// torch.accelerator and c10::GetAllocator(kCUDA) ask the allocator
+// registered for the device type, which changeCurrentAllocator leaves at
+// torch's native one. The highest priority keeps a later static
+// registration from taking it back.
+constexpr std::uint8_t k_device_allocator_priority = std::numeric_limits<std::uint8_t>::max();
+
 }  // namespace
-
-// ---------------------------------------------------------------------------
-// Pool ids
-
-pool_id to_pool_id(c10::MempoolId_t id) {
-  const bool one_side = (id.first == 0) != (id.second == 0);
-  const pool_id value = id.first != 0 ? id.first : id.second;
-  TORCH_CHECK(one_side && (value & k_user_pool_bit) == 0, "streamalloc: unsupported memory pool id (", id.first, ", ",
-              id.second, ")");
-  return id.first != 0 ? value : (value | k_user_pool_bit);
-}
-
-c10::MempoolId_t to_mempool_id(pool_id id) {
-  if (id == 0) return {0, 0};
-  if ((id & k_user_pool_bit) != 0) return {0, id & ~k_user_pool_bit};
-  return {id, 0};
-}
-
-// ---------------------------------------------------------------------------
-// Introspection shared with the Python module
-
-int managed_device_count() {
-  device_allocators* all = find_process_allocators();
-  return all == nullptr ? 0 : all->device_count();
-}
-
-device_stats device_stats_of(int device) {
-  check_device_index(device);
-  if (caching_allocator* allocator = existing_allocator_of(device)) return allocator->stats();
-  device_stats unused;
-  const allocator_config config = process_allocator_config();
-  unused.max_split_size = config.max_split_bytes == std::numeric_limits<std::size_t>::max()
-                              ? -1
-                              : static_cast<std::int64_t>(config.max_split_bytes);
-  return unused;
-}
-
-void reset_peak_stats_of(int device) {
-  check_device_index(device);
-  if (caching_allocator* allocator = existing_allocator_of(device)) allocator->reset_peak_stats();
-}
-
-void reset_accumulated_stats_of(int device) {
-  check_device_index(device);
-  if (caching_allocator* allocator = existing_allocator_of(device)) allocator->reset_accumulated_stats();
-}
-
-void empty_caches() {
-  for (int d = 0; d < managed_device_count(); ++d) {
-    if (caching_allocator* allocator = existing_allocator_of(d)) allocator->empty_cache();
-  }
-}
-
-std::vector<segment_info> collect_segments(int device) {
-  if (device != k_all_devices) check_device_index(device);
-  std::vector<segment_info> out;
-  const int count = managed_device_count();
-  for (int d = 0; d < count; ++d) {
-    if (device != k_all_devices && d != device) continue;
-    caching_allocator* allocator = existing_allocator_of(d);
-    if (allocator == nullptr) continue;
-    allocator_snapshot snapshot = allocator->snapshot();
-    std::move(snapshot.segments.begin(), snapshot.segments.end(), std::back_inserter(out));
-  }
-  return out;
-}
 
 // ---------------------------------------------------------------------------
 // Registration
@@ -322,21 +285,24 @@ void install_torch_allocator(const std::string& overrides) {
   }
   // A bad option is reported before the question of timing.
   process_allocator_config().with(overrides);
-  CUDAAllocator* current = c10::cuda::CUDACachingAllocator::get();
+  cca::CUDAAllocator* current = cca::get();
   if (current != nullptr && current->initialized()) throw std::runtime_error(too_late_message(*current));
   if (!overrides.empty()) configure_process_allocators(overrides);
   auto allocator = std::make_shared<torch_allocator>();
   torch::cuda::CUDAPluggableAllocator::changeCurrentAllocator(allocator);
+  c10::SetAllocator(c10::DeviceType::CUDA, allocator.get(), k_device_allocator_priority);
+  hook_torch_allocator_settings();
+  installed_pointer().store(allocator.get(), std::memory_order_release);
   installed_allocator() = std::move(allocator);
 }
 
 bool torch_allocator_installed() {
   const std::shared_ptr<torch_allocator>& ours = installed_allocator();
-  return ours != nullptr && c10::cuda::CUDACachingAllocator::get() == ours.get();
+  return ours != nullptr && cca::get() == ours.get();
 }
 
 // ---------------------------------------------------------------------------
-// The allocator
+// Allocation
 
 // The base class keeps these functions for its own malloc path, which no
 // override here uses; they still reach streamalloc correctly.
@@ -350,6 +316,7 @@ torch_allocator::torch_allocator()
           }) {}
 
 void* torch_allocator::allocate_on(c10::DeviceIndex device, std::size_t bytes, cudaStream_t stream) {
+  memory_history::call_scope context(history_, record_context::STATE);
   try {
     return allocator_of(device).allocate(bytes, to_handle(stream));
   } catch (const out_of_memory& e) {
@@ -361,15 +328,16 @@ void* torch_allocator::allocate_on(c10::DeviceIndex device, std::size_t bytes, c
 
 void torch_allocator::free_on(c10::DeviceIndex device, void* ptr) {
   if (in_forked_child()) return;
-  try {
-    allocator_of(device).free(ptr);
-  } catch (...) {
-    rethrow_for_torch();
-  }
+  guarded([&] { free_with_context(allocator_of(device), ptr); });
+}
+
+void torch_allocator::free_with_context(caching_allocator& allocator, void* ptr) {
+  memory_history::call_scope context(history_, record_context::ALL);
+  allocator.free(ptr);
 }
 
 void torch_allocator::raise_out_of_memory(const out_of_memory& error) {
-  std::vector<c10::cuda::CUDACachingAllocator::OutOfMemoryObserver> observers;
+  std::vector<cca::OutOfMemoryObserver> observers;
   {
     std::lock_guard<std::mutex> lock(observers_mutex_);
     observers = oom_observers_;
@@ -385,7 +353,7 @@ c10::DataPtr torch_allocator::allocate(std::size_t bytes) {
   c10::DeviceIndex device = -1;
   C10_CUDA_CHECK(c10::cuda::GetDevice(&device));
   void* ptr = allocate_on(device, bytes, c10::cuda::getCurrentCUDAStream(device).stream());
-  return {ptr, tag(ptr, device), &delete_tagged, c10::Device(c10::DeviceType::CUDA, device)};
+  return tagged_data_ptr(ptr, device);
 }
 
 c10::DeleterFnPtr torch_allocator::raw_deleter() const { return &delete_tagged; }
@@ -404,87 +372,18 @@ void* torch_allocator::raw_alloc_with_stream(std::size_t bytes, cudaStream_t str
 
 void torch_allocator::raw_delete(void* ptr) {
   if (ptr == nullptr || in_forked_child()) return;
-  // A raw pointer carries no device: the current one is the likely owner.
-  c10::DeviceIndex current = -1;
-  C10_CUDA_CHECK(c10::cuda::GetDevice(&current));
-  const auto owns = [ptr](int device) {
-    caching_allocator* allocator = existing_allocator_of(device);
-    return allocator != nullptr && allocator->owns(ptr);
-  };
-  int owner = owns(current) ? current : -1;
-  for (int d = 0; owner < 0 && d < managed_device_count(); ++d) {
-    if (d != current && owns(d)) owner = d;
-  }
-  TORCH_CHECK(owner >= 0, "streamalloc: raw_delete(", ptr, "): not a live streamalloc allocation on any device");
+  const int owner = guarded([&] { return checked_owner_of(ptr, "raw_delete"); });
   free_on(static_cast<c10::DeviceIndex>(owner), ptr);
 }
 
 void torch_allocator::init(int /*device_count*/) {
-  // Creating the allocator set here surfaces a missing driver at torch's
-  // CUDA initialisation rather than at the first allocation.
-  try {
-    process_allocators();
-  } catch (...) {
-    rethrow_for_torch();
-  }
+  guarded([&] {
+    // Creating the allocator set here surfaces a missing driver at torch's
+    // CUDA initialisation rather than at the first allocation.
+    process_allocators().set_creation_hook(
+        [this](int device, caching_allocator& allocator) { history_.connect(device, allocator); });
+  });
   initialized_ = true;
-}
-
-double torch_allocator::getMemoryFraction(c10::DeviceIndex device) {
-  try {
-    return allocator_of(device).memory_fraction();
-  } catch (...) {
-    rethrow_for_torch();
-  }
-}
-
-void torch_allocator::setMemoryFraction(double fraction, c10::DeviceIndex device) {
-  try {
-    allocator_of(device).set_memory_fraction(fraction);
-  } catch (...) {
-    rethrow_for_torch();
-  }
-}
-
-// streamalloc's segments are plain cudaMalloc ranges, never expandable.
-std::vector<c10::cuda::CUDACachingAllocator::StreamSegmentSize> torch_allocator::getExpandableSegmentSizes(
-    c10::DeviceIndex /*device*/) {
-  return {};
-}
-
-void torch_allocator::enablePeerAccess(c10::DeviceIndex dev, c10::DeviceIndex dev_to_access) {
-  try {
-    // The runtime's peer access covers plain segments; chunks mapped into
-    // expandable segments are reachable only by the devices their mapping
-    // names, so dev_to_access's allocator opens them to dev as well.
-    CUDAPluggableAllocator::enablePeerAccess(dev, dev_to_access);
-    allocator_of(dev_to_access).allow_peer_access(dev);
-  } catch (...) {
-    rethrow_for_torch();
-  }
-}
-
-// A request for one pool's cache returns every pool's unused segments:
-// streamalloc releases per allocator, and that is a superset.
-void torch_allocator::emptyCache(c10::MempoolId_t /*mempool_id*/) {
-  try {
-    empty_caches();
-  } catch (...) {
-    rethrow_for_torch();
-  }
-}
-
-void torch_allocator::cacheInfo(c10::DeviceIndex device, std::size_t* largest_block) {
-  try {
-    caching_allocator& allocator = allocator_of(device);
-    std::size_t largest_free = 0;
-    allocator.cache_info(&largest_free, nullptr);
-    // Like torch: a zero *largest_block asks for an initial guess too.
-    if (*largest_block == 0) *largest_block = growth_headroom(allocator);
-    *largest_block = std::max(*largest_block, largest_free);
-  } catch (...) {
-    rethrow_for_torch();
-  }
 }
 
 void torch_allocator::recordStream(const c10::DataPtr& data, c10::cuda::CUDAStream stream) {
@@ -493,88 +392,238 @@ void torch_allocator::recordStream(const c10::DataPtr& data, c10::cuda::CUDAStre
   if (data.get() == nullptr || data.get_deleter() != &delete_tagged) return;
   const auto bits = reinterpret_cast<std::uintptr_t>(data.get_context());
   const int device = static_cast<int>(bits & k_device_tag_mask);
-  try {
+  guarded([&] {
     allocator_of(device).record_stream(reinterpret_cast<void*>(bits & ~k_device_tag_mask), to_handle(stream.stream()));
-  } catch (...) {
-    rethrow_for_torch();
-  }
+  });
 }
 
+// ---------------------------------------------------------------------------
+// Limits and caches
+
+double torch_allocator::getMemoryFraction(c10::DeviceIndex device) {
+  return guarded([&] { return allocator_of(device).memory_fraction(); });
+}
+
+void torch_allocator::setMemoryFraction(double fraction, c10::DeviceIndex device) {
+  guarded([&] { allocator_of(device).set_memory_fraction(fraction); });
+}
+
+// {0, 0} empties every pool of every device, as torch's emptyCache();
+// another id only that pool's cache (MemPool's destructor asks this).
+void torch_allocator::emptyCache(c10::MempoolId_t mempool_id) {
+  guarded([&] {
+    if (mempool_id == c10::MempoolId_t{0, 0}) {
+      empty_caches();
+      return;
+    }
+    const pool_id pool = to_pool_id(mempool_id);
+    for (int d = 0; d < managed_device_count(); ++d) {
+      if (caching_allocator* allocator = existing_allocator_of(d)) allocator->empty_cache(pool);
+    }
+  });
+}
+
+void torch_allocator::cacheInfo(c10::DeviceIndex device, std::size_t* largest_block) {
+  guarded([&] {
+    caching_allocator& allocator = allocator_of(device);
+    std::size_t largest_free = 0;
+    allocator.cache_info(&largest_free, nullptr);
+    // Like torch: a zero *largest_block asks for an initial guess too.
+    if (*largest_block == 0) *largest_block = growth_headroom(allocator);
+    *largest_block = std::max(*largest_block, largest_free);
+  });
+}
+
+void* torch_allocator::getBaseAllocation(void* ptr, std::size_t* size) {
+  return guarded([&] {
+    const int owner = checked_owner_of(ptr, "getBaseAllocation");
+    const caching_allocator::shareable_range range = allocator_of(owner).share_range(ptr);
+    if (size != nullptr) *size = range.size;
+    return reinterpret_cast<void*>(range.address);
+  });
+}
+
+// Per stream and pool kind, the mapped bytes of the default pool's
+// expandable segments (torch reports its expandable segments' sizes).
+std::vector<cca::StreamSegmentSize> torch_allocator::getExpandableSegmentSizes(c10::DeviceIndex device) {
+  return guarded([&] {
+    std::map<std::pair<stream_handle, bool>, std::size_t> sizes;
+    for (const segment_info& s : collect_segments(device)) {
+      if (s.is_expandable) sizes[{s.stream, s.is_small}] += s.total_size;
+    }
+    std::vector<cca::StreamSegmentSize> out;
+    for (const auto& [key, bytes] : sizes) out.emplace_back(to_stream(key.first), key.second, bytes);
+    return out;
+  });
+}
+
+// ---------------------------------------------------------------------------
+// Statistics and snapshots
+
 c10::CachingDeviceAllocator::DeviceStats torch_allocator::getDeviceStats(c10::DeviceIndex device) {
-  try {
-    return to_torch(device_stats_of(device));
-  } catch (...) {
-    rethrow_for_torch();
-  }
+  return guarded([&] { return to_torch(device_stats_of(device)); });
 }
 
 void torch_allocator::resetAccumulatedStats(c10::DeviceIndex device) {
-  try {
-    reset_accumulated_stats_of(device);
-  } catch (...) {
-    rethrow_for_torch();
-  }
+  guarded([&] { reset_accumulated_stats_of(device); });
 }
 
 void torch_allocator::resetPeakStats(c10::DeviceIndex device) {
-  try {
-    reset_peak_stats_of(device);
-  } catch (...) {
-    rethrow_for_torch();
-  }
+  guarded([&] { reset_peak_stats_of(device); });
 }
 
-// streamalloc records no allocation history, so device_traces stay empty
-// whatever `include_traces` asks.
-c10::cuda::CUDACachingAllocator::SnapshotInfo torch_allocator::snapshot(c10::MempoolId_t mempool_id,
-                                                                        bool /*include_traces*/) {
-  try {
-    c10::cuda::CUDACachingAllocator::SnapshotInfo out;
+cca::SnapshotInfo torch_allocator::snapshot(c10::MempoolId_t mempool_id, bool include_traces) {
+  return guarded([&] {
+    cca::SnapshotInfo out;
     const bool one_pool = mempool_id != c10::MempoolId_t{0, 0};
-    const pool_id wanted = one_pool ? to_pool_id(mempool_id) : 0;
+    const pool_id wanted = to_pool_id(mempool_id);
     for (const segment_info& segment : collect_segments(k_all_devices)) {
-      if (!one_pool || segment.pool == wanted) out.segments.push_back(to_torch(segment));
+      if (!one_pool || segment.pool == wanted) out.segments.push_back(to_torch(segment, history_));
     }
-    out.device_traces.resize(static_cast<std::size_t>(managed_device_count()));
+    const int devices = managed_device_count();
+    if (include_traces) {
+      out.device_traces = history_.traces(devices);
+    } else {
+      out.device_traces.resize(static_cast<std::size_t>(devices));
+    }
     out.config_metadata = config_metadata();
     return out;
-  } catch (...) {
-    rethrow_for_torch();
-  }
+  });
 }
+
+// ---------------------------------------------------------------------------
+// Memory history and observers
+
+void torch_allocator::recordHistory(bool enabled, c10::CachingDeviceAllocator::CreateContextFn context_recorder,
+                                    std::size_t alloc_trace_max_entries, record_context when, bool clear_history,
+                                    const std::vector<std::string>& skip_actions) {
+  guarded([&] {
+    // Allocators that exist get connected now, later ones when created.
+    if (process_allocators_created()) {
+      process_allocators().set_creation_hook(
+          [this](int device, caching_allocator& allocator) { history_.connect(device, allocator); });
+    }
+    history_.record(enabled, context_recorder, alloc_trace_max_entries, when, clear_history, skip_actions);
+  });
+}
+
+bool torch_allocator::isHistoryEnabled() { return history_.recording(); }
+
+void torch_allocator::attachOutOfMemoryObserver(cca::OutOfMemoryObserver observer) {
+  std::lock_guard<std::mutex> lock(observers_mutex_);
+  oom_observers_.push_back(std::move(observer));
+}
+
+void torch_allocator::attachAllocatorTraceTracker(c10::CachingDeviceAllocator::AllocatorTraceTracker tracker) {
+  guarded([&] { history_.attach_tracker(std::move(tracker)); });
+}
+
+// ---------------------------------------------------------------------------
+// Private pools
 
 void torch_allocator::beginAllocateToPool(c10::DeviceIndex device, c10::MempoolId_t mempool_id,
                                           std::function<bool(cudaStream_t)> filter) {
-  try {
+  guarded([&] {
     allocator_of(device).begin_allocate_to_pool(
         to_pool_id(mempool_id), [filter = std::move(filter)](stream_handle stream) { return filter(to_stream(stream)); });
-  } catch (...) {
-    rethrow_for_torch();
-  }
+  });
 }
 
 void torch_allocator::endAllocateToPool(c10::DeviceIndex device, c10::MempoolId_t mempool_id) {
-  try {
-    allocator_of(device).end_allocate_to_pool(to_pool_id(mempool_id));
-  } catch (...) {
-    rethrow_for_torch();
-  }
+  guarded([&] { allocator_of(device).end_allocate_to_pool(to_pool_id(mempool_id)); });
 }
 
-// torch calls this from CUDAGraph's destructor, where an exception would
-// terminate the process: a failure becomes a warning.
+// torch calls this from CUDAGraph's and MemPool's destructors, where an
+// exception would terminate the process: a failure becomes a warning.
 void torch_allocator::releasePool(c10::DeviceIndex device, c10::MempoolId_t mempool_id) {
   try {
     allocator_of(device).release_pool(to_pool_id(mempool_id));
   } catch (const std::exception& e) {
-    TORCH_WARN("streamalloc: releasing CUDA graph pool (", mempool_id.first, ", ", mempool_id.second,
+    TORCH_WARN("streamalloc: releasing memory pool (", mempool_id.first, ", ", mempool_id.second,
                ") failed: ", e.what());
   }
 }
 
-void torch_allocator::attachOutOfMemoryObserver(c10::cuda::CUDACachingAllocator::OutOfMemoryObserver observer) {
-  std::lock_guard<std::mutex> lock(observers_mutex_);
-  oom_observers_.push_back(std::move(observer));
+void torch_allocator::createOrIncrefPool(c10::DeviceIndex device, c10::MempoolId_t mempool_id,
+                                         std::shared_ptr<c10_allocator> allocator) {
+  guarded([&] {
+    std::shared_ptr<segment_source> source;
+    if (allocator != nullptr) source = std::make_shared<pool_segment_source>(device, std::move(allocator));
+    allocator_of(device).create_or_incref_pool(to_pool_id(mempool_id), std::move(source));
+  });
+}
+
+int torch_allocator::getPoolUseCount(c10::DeviceIndex device, c10::MempoolId_t mempool_id) {
+  return guarded([&] { return allocator_of(device).pool_use_count(to_pool_id(mempool_id)); });
+}
+
+void torch_allocator::setUseOnOOM(c10::DeviceIndex device, c10::MempoolId_t mempool_id, bool use_on_oom) {
+  guarded([&] { allocator_of(device).set_pool_use_on_oom(to_pool_id(mempool_id), use_on_oom); });
+}
+
+void torch_allocator::setNoSplit(c10::DeviceIndex device, c10::MempoolId_t mempool_id) {
+  guarded([&] { allocator_of(device).set_pool_no_split(to_pool_id(mempool_id), true); });
+}
+
+std::shared_ptr<cca::AllocatorState> torch_allocator::getCheckpointState(c10::DeviceIndex device, c10::MempoolId_t id) {
+  return guarded([&] {
+    return std::make_shared<pool_checkpoint_state>(device, allocator_of(device).checkpoint_pool(to_pool_id(id)));
+  });
+}
+
+cca::CheckpointDelta torch_allocator::setCheckpointPoolState(c10::DeviceIndex device,
+                                                             std::shared_ptr<cca::AllocatorState> state) {
+  return guarded([&] {
+    const auto* checkpoint = dynamic_cast<const pool_checkpoint_state*>(state.get());
+    TORCH_CHECK(checkpoint != nullptr, "streamalloc: setCheckpointPoolState needs a state from getCheckpointState");
+    TORCH_CHECK(checkpoint->device == device, "streamalloc: a checkpoint of device ", checkpoint->device,
+                " cannot restore a pool of device ", static_cast<int>(device));
+    pool_restore_result restored = allocator_of(device).restore_pool(checkpoint->checkpoint);
+    cca::CheckpointDelta delta;
+    delta.ptrs_freed = std::move(restored.freed);
+    delta.dataptrs_allocd.reserve(restored.allocated.size());
+    for (void* ptr : restored.allocated) delta.dataptrs_allocd.push_back(tagged_data_ptr(ptr, device));
+    return delta;
+  });
+}
+
+bool torch_allocator::checkPoolLiveAllocations(c10::DeviceIndex device, c10::MempoolId_t mempool_id,
+                                               const std::unordered_set<void*>& expected_live_allocations) {
+  return guarded([&] {
+    const std::vector<const void*> expected(expected_live_allocations.begin(), expected_live_allocations.end());
+    return allocator_of(device).pool_allocations_match(to_pool_id(mempool_id), expected);
+  });
+}
+
+// ---------------------------------------------------------------------------
+// Several devices and processes
+
+void torch_allocator::enablePeerAccess(c10::DeviceIndex dev, c10::DeviceIndex dev_to_access) {
+  guarded([&] {
+    // The runtime's peer access covers plain segments; chunks mapped into
+    // expandable segments are reachable only by the devices their mapping
+    // names, so dev_to_access's allocator opens them to dev as well.
+    CUDAPluggableAllocator::enablePeerAccess(dev, dev_to_access);
+    allocator_of(dev_to_access).allow_peer_access(dev);
+  });
+}
+
+// Without peer access only cudaMemcpyPeerAsync copies between devices out
+// of memory that cudaMalloc did not make (mapped chunks).
+cudaError_t torch_allocator::memcpyAsync(void* dst, int dst_device, const void* src, int src_device,
+                                         std::size_t count, cudaStream_t stream, bool p2p_enabled) {
+  if (p2p_enabled || dst_device == src_device) {
+    return cudaMemcpyAsync(dst, src, count, cudaMemcpyDeviceToDevice, stream);
+  }
+  return cudaMemcpyPeerAsync(dst, dst_device, src, src_device, count, stream);
+}
+
+cca::ShareableHandle torch_allocator::shareIpcHandle(void* ptr) {
+  return guarded([&] { return share_ipc_handle(allocator_of(checked_owner_of(ptr, "shareIpcHandle")), ptr); });
+}
+
+std::shared_ptr<void> torch_allocator::getIpcDevPtr(std::string handle) {
+  return guarded([&] { return open_ipc_handle(handle); });
 }
 
 std::string torch_allocator::name() { return "streamalloc"; }

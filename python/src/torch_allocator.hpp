@@ -1,7 +1,9 @@
 // torch_allocator: the process-wide streamalloc allocators behind torch's
 // CUDA allocator interface, so tensors, torch.cuda.memory_* introspection,
-// record_stream, memory fractions, cudnn's cacheInfo and CUDA graph private
-// pools all run on streamalloc once install_torch_allocator() registered it.
+// the device-generic torch.accelerator API, record_stream, memory
+// fractions, cudnn's cacheInfo, CUDA graphs and graph trees, MemPool,
+// memory history, run-time settings and CUDA IPC all run on streamalloc
+// once install_torch_allocator() registered it.
 #pragma once
 
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -10,10 +12,10 @@
 #include <cstddef>
 #include <mutex>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
-#include "streamalloc/core/snapshot.hpp"
-#include "streamalloc/core/stats.hpp"
+#include "memory_history.hpp"
 #include "streamalloc/util/errors.hpp"
 
 namespace streamalloc {
@@ -24,79 +26,95 @@ namespace streamalloc {
 // Note [tagged context] in the .cpp).
 class torch_allocator final : public torch::cuda::CUDAPluggableAllocator::CUDAPluggableAllocator {
  public:
+  using c10_allocator = c10::cuda::CUDACachingAllocator::CUDAAllocator;
+
   torch_allocator();
 
+  // --- allocation ---
   c10::DataPtr allocate(std::size_t bytes) override;
   c10::DeleterFnPtr raw_deleter() const override;
   void* raw_alloc(std::size_t bytes) override;
   void* raw_alloc_with_stream(std::size_t bytes, cudaStream_t stream) override;
   void raw_delete(void* ptr) override;
-
   void init(int device_count) override;
-  double getMemoryFraction(c10::DeviceIndex device) override;
-  void setMemoryFraction(double fraction, c10::DeviceIndex device) override;
-  std::vector<c10::cuda::CUDACachingAllocator::StreamSegmentSize> getExpandableSegmentSizes(
-      c10::DeviceIndex device) override;
-  void emptyCache(c10::MempoolId_t mempool_id = {0, 0}) override;
-  void cacheInfo(c10::DeviceIndex device, std::size_t* largest_block) override;
-  // torch calls it before `dev` first reads or writes `dev_to_access`'s
-  // memory directly (a peer copy runs on the source device).
-  void enablePeerAccess(c10::DeviceIndex dev, c10::DeviceIndex dev_to_access) override;
-
   using CUDAPluggableAllocator::recordStream;  // the c10::Stream overload forwards here
   void recordStream(const c10::DataPtr& data, c10::cuda::CUDAStream stream) override;
 
+  // --- limits and caches ---
+  double getMemoryFraction(c10::DeviceIndex device) override;
+  void setMemoryFraction(double fraction, c10::DeviceIndex device) override;
+  void emptyCache(c10::MempoolId_t mempool_id = {0, 0}) override;
+  void cacheInfo(c10::DeviceIndex device, std::size_t* largest_block) override;
+  void* getBaseAllocation(void* ptr, std::size_t* size) override;
+  std::vector<c10::cuda::CUDACachingAllocator::StreamSegmentSize> getExpandableSegmentSizes(
+      c10::DeviceIndex device) override;
+
+  // --- statistics and snapshots ---
   c10::CachingDeviceAllocator::DeviceStats getDeviceStats(c10::DeviceIndex device) override;
   void resetAccumulatedStats(c10::DeviceIndex device) override;
   void resetPeakStats(c10::DeviceIndex device) override;
   c10::cuda::CUDACachingAllocator::SnapshotInfo snapshot(c10::MempoolId_t mempool_id = {0, 0},
                                                          bool include_traces = true) override;
 
+  // --- memory history and observers ---
+  void recordHistory(bool enabled, c10::CachingDeviceAllocator::CreateContextFn context_recorder,
+                     std::size_t alloc_trace_max_entries, c10::CachingDeviceAllocator::RecordContext when,
+                     bool clear_history, const std::vector<std::string>& skip_actions) override;
+  bool isHistoryEnabled() override;
+  void attachOutOfMemoryObserver(c10::cuda::CUDACachingAllocator::OutOfMemoryObserver observer) override;
+  void attachAllocatorTraceTracker(c10::CachingDeviceAllocator::AllocatorTraceTracker tracker) override;
+
+  // --- private pools: CUDA graphs, graph trees, MemPool ---
   void beginAllocateToPool(c10::DeviceIndex device, c10::MempoolId_t mempool_id,
                            std::function<bool(cudaStream_t)> filter) override;
   void endAllocateToPool(c10::DeviceIndex device, c10::MempoolId_t mempool_id) override;
   void releasePool(c10::DeviceIndex device, c10::MempoolId_t mempool_id) override;
+  void createOrIncrefPool(c10::DeviceIndex device, c10::MempoolId_t mempool_id,
+                          std::shared_ptr<c10_allocator> allocator = nullptr) override;
+  int getPoolUseCount(c10::DeviceIndex device, c10::MempoolId_t mempool_id) override;
+  void setUseOnOOM(c10::DeviceIndex device, c10::MempoolId_t mempool_id, bool use_on_oom) override;
+  void setNoSplit(c10::DeviceIndex device, c10::MempoolId_t mempool_id) override;
+  std::shared_ptr<c10::cuda::CUDACachingAllocator::AllocatorState> getCheckpointState(
+      c10::DeviceIndex device, c10::MempoolId_t id) override;
+  c10::cuda::CUDACachingAllocator::CheckpointDelta setCheckpointPoolState(
+      c10::DeviceIndex device, std::shared_ptr<c10::cuda::CUDACachingAllocator::AllocatorState> state) override;
+  bool checkPoolLiveAllocations(c10::DeviceIndex device, c10::MempoolId_t mempool_id,
+                                const std::unordered_set<void*>& expected_live_allocations) override;
 
-  void attachOutOfMemoryObserver(c10::cuda::CUDACachingAllocator::OutOfMemoryObserver observer) override;
+  // --- several devices and processes ---
+  // torch calls it before `dev` first reads or writes `dev_to_access`'s
+  // memory directly (a peer copy runs on the source device).
+  void enablePeerAccess(c10::DeviceIndex dev, c10::DeviceIndex dev_to_access) override;
+  cudaError_t memcpyAsync(void* dst, int dst_device, const void* src, int src_device, std::size_t count,
+                          cudaStream_t stream, bool p2p_enabled) override;
+  c10::cuda::CUDACachingAllocator::ShareableHandle shareIpcHandle(void* ptr) override;
+  std::shared_ptr<void> getIpcDevPtr(std::string handle) override;
+
   std::string name() override;
+
+  // The DataPtr deleter's path: frees `ptr`, with the freeing call's stack
+  // when memory history records stacks of frees.
+  void free_with_context(caching_allocator& allocator, void* ptr);
 
  private:
   void* allocate_on(c10::DeviceIndex device, std::size_t bytes, cudaStream_t stream);
   void free_on(c10::DeviceIndex device, void* ptr);
   [[noreturn]] void raise_out_of_memory(const out_of_memory& error);
 
+  memory_history history_;
   std::mutex observers_mutex_;
   std::vector<c10::cuda::CUDACachingAllocator::OutOfMemoryObserver> oom_observers_;
 };
 
-// Registers a torch_allocator as torch's CUDA allocator after layering
-// `overrides` (`key:value,...`) on STREAMALLOC_CONF. Throws config_error
-// for a bad string, and std::runtime_error naming the fix when torch has
-// already initialised CUDA. A second call is harmless: its options still
-// apply before the allocators exist, and afterwards it must change none of
-// them (std::runtime_error otherwise).
+// Registers a torch_allocator as torch's CUDA allocator (and as the
+// device-generic allocator of CUDA, which torch.accelerator asks) after
+// layering `overrides` (`key:value,...`) on STREAMALLOC_CONF. Throws
+// config_error for a bad string, and std::runtime_error naming the fix
+// when torch has already initialised CUDA. A second call is harmless: its
+// options still apply before the allocators exist, and afterwards it must
+// change none of them (std::runtime_error otherwise).
 void install_torch_allocator(const std::string& overrides);
 // Whether torch's current CUDA allocator is the one install registered.
 bool torch_allocator_installed();
-
-// Torch names a memory pool by a pair, streamalloc by one integer; see
-// Note [pool ids].
-pool_id to_pool_id(c10::MempoolId_t id);
-c10::MempoolId_t to_mempool_id(pool_id id);
-
-// Device selector for collect_segments: every device streamalloc uses.
-constexpr int k_all_devices = -1;
-
-// Counters of `device`; all zero while streamalloc has not used it.
-// These throw usage_error for a device index that does not exist.
-device_stats device_stats_of(int device);
-void reset_peak_stats_of(int device);
-void reset_accumulated_stats_of(int device);
-// Returns every unused cached segment of every device to the driver.
-void empty_caches();
-// Segments of `device` (or of every device), in device then address order.
-std::vector<segment_info> collect_segments(int device);
-// Number of devices streamalloc manages (0 before CUDA is initialised).
-int managed_device_count();
 
 }  // namespace streamalloc

@@ -5,6 +5,8 @@
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <cuda_runtime_api.h>
+#include <fcntl.h>
+#include <unistd.h>
 
 #include <cstddef>
 #include <cstdint>
@@ -14,6 +16,7 @@
 
 #include "gpu/gpu_support.hpp"
 #include "streamalloc/backend/cuda_backend.hpp"
+#include "streamalloc/backend/vmm_backend.hpp"
 #include "streamalloc/util/bytes.hpp"
 
 using namespace streamalloc;
@@ -301,4 +304,56 @@ TEST_CASE("vmm backend: the caller's current device is left unchanged", "[gpu][v
   STREAMALLOC_CUDA_REQUIRE(cudaGetDevice(&current));
   CHECK(current == count - 1);
   STREAMALLOC_CUDA_REQUIRE(cudaSetDevice(0));
+}
+
+TEST_CASE("vmm backend: an exported chunk imports as a second view of the same memory", "[gpu][vmm]") {
+  STREAMALLOC_REQUIRE_GPU();
+  const std::unique_ptr<device_backend> backend = vmm_backend_for(0);
+  if (backend == nullptr) return;
+  STREAMALLOC_CUDA_REQUIRE(cudaSetDevice(0));
+  const std::size_t chunk_bytes = backend->vm_granularity();
+  void* range = nullptr;
+  REQUIRE(backend->vm_reserve(2 * chunk_bytes, &range).ok());
+  physical_handle chunks[2] = {0, 0};
+  for (std::size_t i = 0; i < 2; ++i) {
+    REQUIRE(backend->vm_create(chunk_bytes, &chunks[i]).ok());
+    REQUIRE(backend->vm_map(at_offset(range, i * chunk_bytes), chunk_bytes, chunks[i]).ok());
+  }
+  const std::vector<std::uint32_t> values = pattern(2 * chunk_bytes, 7);
+  STREAMALLOC_CUDA_REQUIRE(cudaMemcpy(range, values.data(), 2 * chunk_bytes, cudaMemcpyHostToDevice));
+
+  std::vector<int> fds;
+  for (physical_handle chunk : chunks) {
+    int fd = -1;
+    const status exported = backend->vm_export(chunk, &fd);
+    INFO(exported.message());
+    REQUIRE(exported.ok());
+    CHECK(fd >= 0);
+    int again = -1;
+    REQUIRE(backend->vm_export(chunk, &again).ok());
+    CHECK(again == fd);  // one descriptor per chunk, kept by the backend
+    fds.push_back(fd);
+  }
+  // This process stands in for the receiver: the import duplicates the
+  // descriptors through pidfd_getfd and maps them at a new address.
+  imported_chunks view;
+  const status imported = import_chunks(0, static_cast<int>(::getpid()), fds, chunk_bytes, &view);
+  INFO(imported.message());
+  REQUIRE(imported.ok());
+  CHECK(view.address != range);
+  CHECK(view.bytes == 2 * chunk_bytes);
+  CHECK(read_back(view.address, 2 * chunk_bytes) == values);
+  STREAMALLOC_CUDA_REQUIRE(cudaMemset(view.address, 0x11, chunk_bytes));
+  const std::vector<std::uint32_t> ones(chunk_bytes / sizeof(std::uint32_t), 0x11111111u);
+  CHECK(read_back(range, chunk_bytes) == ones);  // written through the view, read through the original
+  REQUIRE(release_imported_chunks(view).ok());
+
+  REQUIRE(backend->synchronize_device().ok());
+  for (std::size_t i = 0; i < 2; ++i) {
+    REQUIRE(backend->vm_unmap(at_offset(range, i * chunk_bytes), chunk_bytes).ok());
+    REQUIRE(backend->vm_destroy(chunks[i]).ok());
+  }
+  REQUIRE(backend->vm_release(range, 2 * chunk_bytes).ok());
+  // Destroying the chunks closed the exported descriptors.
+  for (int fd : fds) CHECK(::fcntl(fd, F_GETFD) == -1);
 }

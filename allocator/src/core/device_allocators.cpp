@@ -31,11 +31,26 @@ caching_allocator& device_allocators::at(int device) {
       throw device_failure("streamalloc: cannot use device " + std::to_string(device) + ": " + error.message());
     }
     auto allocator = std::make_unique<caching_allocator>(*backend, config_);
-    s.backend = std::move(backend);
-    s.allocator = std::move(allocator);
-    s.published.store(s.allocator.get(), std::memory_order_release);
+    {
+      // Under the hook's lock, so a concurrent set_creation_hook either
+      // sees this allocator published or has its hook run here.
+      std::lock_guard<std::mutex> lock(hook_mutex_);
+      if (hook_) hook_(device, *allocator);
+      s.backend = std::move(backend);
+      s.allocator = std::move(allocator);
+      s.published.store(s.allocator.get(), std::memory_order_release);
+    }
   });
   return *s.allocator;
+}
+
+void device_allocators::set_creation_hook(creation_hook hook) {
+  std::lock_guard<std::mutex> lock(hook_mutex_);
+  hook_ = std::move(hook);
+  if (!hook_) return;
+  for (int device = 0; device < device_count(); ++device) {
+    if (caching_allocator* existing = find(device)) hook_(device, *existing);
+  }
 }
 
 caching_allocator* device_allocators::find(int device) const {

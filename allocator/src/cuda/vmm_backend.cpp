@@ -9,8 +9,14 @@
 #include <cudaTypedefs.h>
 #include <cuda_runtime_api.h>
 
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
+#include <mutex>
 #include <string>
 
 #include "nvtx_ranges.hpp"
@@ -41,6 +47,9 @@ struct driver_api {
   PFN_cuMemUnmap_v10020 mem_unmap = nullptr;
   PFN_cuMemSetAccess_v10020 mem_set_access = nullptr;
   bool complete = false;  // every entry point above was found
+  // CUDA IPC of chunks; optional (a driver without them still maps chunks).
+  PFN_cuMemExportToShareableHandle_v10020 mem_export = nullptr;
+  PFN_cuMemImportFromShareableHandle_v10020 mem_import = nullptr;
 };
 
 template <typename function>
@@ -75,6 +84,8 @@ const driver_api& driver() {
                    resolve("cuMemMap", &api.mem_map) &&
                    resolve("cuMemUnmap", &api.mem_unmap) &&
                    resolve("cuMemSetAccess", &api.mem_set_access);
+    resolve("cuMemExportToShareableHandle", &api.mem_export);
+    resolve("cuMemImportFromShareableHandle", &api.mem_import);
     return api;
   }();
   return table;
@@ -137,11 +148,13 @@ status check_address(const char* operation, const void* address, std::size_t gra
   return status::success();
 }
 
-// Where physical chunks live: pinned memory of `device`, not exportable.
-CUmemAllocationProp chunk_properties(int device) {
+// Where physical chunks live: pinned memory of `device`, exportable as a
+// POSIX file descriptor when `exportable` (CUDA IPC, as torch's own
+// expandable segments are).
+CUmemAllocationProp chunk_properties(int device, bool exportable) {
   CUmemAllocationProp properties{};
   properties.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-  properties.requestedHandleTypes = CU_MEM_HANDLE_TYPE_NONE;
+  properties.requestedHandleTypes = exportable ? CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR : CU_MEM_HANDLE_TYPE_NONE;
   properties.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
   properties.location.id = device;
   return properties;
@@ -169,7 +182,7 @@ std::unique_ptr<device_backend> vmm_backend::create(int device) {
       supported == 0) {
     return nullptr;
   }
-  const CUmemAllocationProp properties = chunk_properties(device);
+  const CUmemAllocationProp properties = chunk_properties(device, false);
   std::size_t granularity = 0;
   if (api.mem_get_allocation_granularity(&granularity, &properties, CU_MEM_ALLOC_GRANULARITY_MINIMUM) !=
           CUDA_SUCCESS ||
@@ -209,9 +222,20 @@ status vmm_backend::vm_create(std::size_t bytes, physical_handle* out) {
   if (status s = check_bytes("vm_create", bytes, granularity_); !s) return s;
   cuda_device_guard guard(device_index());
   if (!guard.ok()) return guard_failure(guard, device_index());
-  const CUmemAllocationProp properties = chunk_properties(device_index());
   CUmemGenericAllocationHandle chunk = 0;
-  const CUresult result = driver().mem_create(&chunk, bytes, &properties, 0);
+  // Exportable chunks first; a driver or platform that refuses exportable
+  // memory (anything but out-of-memory) gets plain chunks from then on,
+  // and vm_export reports that sharing is unsupported.
+  CUresult result = CUDA_ERROR_NOT_SUPPORTED;
+  if (exportable_.load(std::memory_order_relaxed)) {
+    const CUmemAllocationProp properties = chunk_properties(device_index(), true);
+    result = driver().mem_create(&chunk, bytes, &properties, 0);
+    if (result != CUDA_SUCCESS && result != CUDA_ERROR_OUT_OF_MEMORY) exportable_.store(false, std::memory_order_relaxed);
+  }
+  if (result != CUDA_SUCCESS && result != CUDA_ERROR_OUT_OF_MEMORY) {
+    const CUmemAllocationProp properties = chunk_properties(device_index(), false);
+    result = driver().mem_create(&chunk, bytes, &properties, 0);
+  }
   if (result != CUDA_SUCCESS) return failure(result, device_index(), "cuMemCreate(" + format_bytes(bytes) + ")");
   *out = chunk;
   return status::success();
@@ -220,6 +244,14 @@ status vmm_backend::vm_create(std::size_t bytes, physical_handle* out) {
 status vmm_backend::vm_destroy(physical_handle chunk) {
   cuda_device_guard guard(device_index());
   if (!guard.ok()) return guard_failure(guard, device_index());
+  {
+    std::lock_guard<std::mutex> lock(exported_mutex_);
+    auto it = exported_.find(chunk);
+    if (it != exported_.end()) {
+      ::close(it->second);
+      exported_.erase(it);
+    }
+  }
   const CUresult result = driver().mem_release(chunk);
   if (result != CUDA_SUCCESS) return failure(result, device_index(), "cuMemRelease(chunk " + hex(chunk) + ")");
   return status::success();
@@ -273,6 +305,147 @@ status vmm_backend::vm_allow_peer(void* address, std::size_t bytes, int peer_dev
                        std::to_string(peer_device) + ")");
   }
   return status::success();
+}
+
+status vmm_backend::vm_export(physical_handle chunk, int* out_fd) {
+  if (out_fd == nullptr) return invalid("vm_export: out_fd is null");
+  const driver_api& api = driver();
+  if (api.mem_export == nullptr) return unsupported_export("the driver has no cuMemExportToShareableHandle");
+  std::lock_guard<std::mutex> lock(exported_mutex_);
+  if (auto it = exported_.find(chunk); it != exported_.end()) {
+    *out_fd = it->second;
+    return status::success();
+  }
+  cuda_device_guard guard(device_index());
+  if (!guard.ok()) return guard_failure(guard, device_index());
+  int fd = -1;
+  const CUresult result = api.mem_export(&fd, chunk, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+  if (result != CUDA_SUCCESS) {
+    if (!exportable_.load(std::memory_order_relaxed)) {
+      return unsupported_export("this device or driver refused exportable chunks (" + describe(result) + ")");
+    }
+    return failure(result, device_index(), "cuMemExportToShareableHandle(chunk " + hex(chunk) + ")");
+  }
+  exported_.emplace(chunk, fd);
+  *out_fd = fd;
+  return status::success();
+}
+
+status vmm_backend::unsupported_export(const std::string& why) const {
+  return {status_code::not_supported, "CUDA IPC of expandable-segment memory on device " +
+                                          std::to_string(device_index()) + " is not available: " + why +
+                                          ". Set STREAMALLOC_CONF=expandable_segments:False in the sending process."};
+}
+
+// ---------------------------------------------------------------------------
+// Chunks exported by another process
+
+namespace {
+
+#ifndef SYS_pidfd_open
+#define SYS_pidfd_open 434
+#endif
+#ifndef SYS_pidfd_getfd
+#define SYS_pidfd_getfd 438
+#endif
+
+status os_failure(const std::string& what, int error) {
+  return {status_code::device_error, what + " failed: " + std::strerror(error)};
+}
+
+}  // namespace
+
+status import_chunks(int device, int sender_pid, const std::vector<int>& sender_fds, std::size_t chunk_bytes,
+                     imported_chunks* out) {
+  if (out == nullptr) return invalid("import_chunks: out is null");
+  const driver_api& api = driver();
+  if (!api.complete || api.mem_import == nullptr) {
+    return {status_code::not_supported, "the CUDA driver cannot import shared virtual memory"};
+  }
+  if (sender_fds.empty() || chunk_bytes == 0) return invalid("import_chunks: nothing to import");
+  cuda_device_guard guard(device);
+  if (!guard.ok()) return guard_failure(guard, device);
+
+  const long pidfd = ::syscall(SYS_pidfd_open, sender_pid, 0);
+  if (pidfd < 0) {
+    const int error = errno;
+    if (error == ENOSYS) {
+      return {status_code::not_supported,
+              "this kernel lacks pidfd_open, which CUDA IPC of expandable-segment memory needs; set "
+              "STREAMALLOC_CONF=expandable_segments:False in the sending process"};
+    }
+    return os_failure("pidfd_open(" + std::to_string(sender_pid) + ")", error);
+  }
+  imported_chunks range;
+  range.bytes = chunk_bytes * sender_fds.size();
+  status result = status::success();
+  for (int sender_fd : sender_fds) {
+    const long fd = ::syscall(SYS_pidfd_getfd, static_cast<int>(pidfd), sender_fd, 0);
+    if (fd < 0) {
+      result = os_failure("pidfd_getfd(" + std::to_string(sender_fd) + ")", errno);
+      break;
+    }
+    CUmemGenericAllocationHandle chunk = 0;
+    const CUresult imported = api.mem_import(&chunk, reinterpret_cast<void*>(static_cast<std::uintptr_t>(fd)),
+                                             CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+    ::close(static_cast<int>(fd));
+    if (imported != CUDA_SUCCESS) {
+      result = failure(imported, device, "cuMemImportFromShareableHandle");
+      break;
+    }
+    range.chunks.push_back(chunk);
+  }
+  ::close(static_cast<int>(pidfd));
+  CUdeviceptr base = 0;
+  if (result.ok()) {
+    const CUresult reserved = api.mem_address_reserve(&base, range.bytes, 0, 0, 0);
+    if (reserved != CUDA_SUCCESS) result = failure(reserved, device, "cuMemAddressReserve(" + format_bytes(range.bytes) + ")");
+  }
+  std::size_t mapped = 0;
+  const CUmemAccessDesc access = read_write_access(device);
+  for (; result.ok() && mapped < range.chunks.size(); ++mapped) {
+    const CUdeviceptr at = base + mapped * chunk_bytes;
+    CUresult step = api.mem_map(at, chunk_bytes, 0, range.chunks[mapped], 0);
+    if (step == CUDA_SUCCESS) {
+      step = api.mem_set_access(at, chunk_bytes, &access, 1);
+      if (step != CUDA_SUCCESS) (void)api.mem_unmap(at, chunk_bytes);
+    }
+    if (step != CUDA_SUCCESS) {
+      result = failure(step, device, "mapping an imported chunk");
+      break;
+    }
+  }
+  if (!result.ok()) {
+    for (std::size_t i = 0; i < mapped; ++i) (void)api.mem_unmap(base + i * chunk_bytes, chunk_bytes);
+    if (base != 0) (void)api.mem_address_free(base, range.bytes);
+    for (physical_handle chunk : range.chunks) (void)api.mem_release(chunk);
+    return result;
+  }
+  range.device = device;
+  range.address = reinterpret_cast<void*>(static_cast<std::uintptr_t>(base));
+  *out = std::move(range);
+  return status::success();
+}
+
+status release_imported_chunks(const imported_chunks& range) {
+  const driver_api& api = driver();
+  if (range.address == nullptr) return status::success();
+  cuda_device_guard guard(range.device);
+  if (!guard.ok()) return guard_failure(guard, range.device);
+  const std::size_t chunk_bytes = range.bytes / range.chunks.size();
+  const CUdeviceptr base = device_pointer(range.address);
+  status result = status::success();
+  for (std::size_t i = 0; i < range.chunks.size(); ++i) {
+    const CUresult step = api.mem_unmap(base + i * chunk_bytes, chunk_bytes);
+    if (step != CUDA_SUCCESS && result.ok()) result = failure(step, range.device, "cuMemUnmap of an imported chunk");
+  }
+  for (physical_handle chunk : range.chunks) {
+    const CUresult step = api.mem_release(chunk);
+    if (step != CUDA_SUCCESS && result.ok()) result = failure(step, range.device, "cuMemRelease of an imported chunk");
+  }
+  const CUresult freed = api.mem_address_free(base, range.bytes);
+  if (freed != CUDA_SUCCESS && result.ok()) result = failure(freed, range.device, "cuMemAddressFree of an imported range");
+  return result;
 }
 
 }  // namespace streamalloc

@@ -4,8 +4,13 @@
 // addresses. make_cuda_backend returns one where the driver supports it.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
 
 #include "streamalloc/backend/cuda_backend.hpp"
 
@@ -27,6 +32,7 @@ class vmm_backend final : public cuda_backend {
   status vm_map(void* address, std::size_t bytes, physical_handle chunk) override;
   status vm_unmap(void* address, std::size_t bytes) override;
   status vm_allow_peer(void* address, std::size_t bytes, int peer_device) override;
+  status vm_export(physical_handle chunk, int* out_fd) override;
 
  private:
   vmm_backend(int device, std::size_t granularity) : cuda_backend(device), granularity_(granularity) {}
@@ -36,7 +42,28 @@ class vmm_backend final : public cuda_backend {
   static std::unique_ptr<device_backend> create(int device);
   friend std::unique_ptr<device_backend> make_cuda_backend(int device, status* error);
 
+  status unsupported_export(const std::string& why) const;
+
   std::size_t granularity_;  // CU_MEM_ALLOC_GRANULARITY_MINIMUM of pinned device memory
+  // Whether new chunks are created exportable (cleared once the driver
+  // refuses exportable memory), and the descriptors exported so far.
+  std::atomic<bool> exportable_{true};
+  std::mutex exported_mutex_;
+  std::unordered_map<physical_handle, int> exported_;
 };
+
+// Chunks another process exported (vm_export), imported and mapped
+// read/write for `device` in a fresh address range of this process.
+struct imported_chunks {
+  int device = 0;
+  void* address = nullptr;
+  std::size_t bytes = 0;
+  std::vector<physical_handle> chunks;
+};
+// Duplicates the sender's descriptors (pidfd_getfd: the receiver needs the
+// sender alive and the same user), imports and maps them in order.
+status import_chunks(int device, int sender_pid, const std::vector<int>& sender_fds, std::size_t chunk_bytes,
+                     imported_chunks* out);
+status release_imported_chunks(const imported_chunks& range);
 
 }  // namespace streamalloc

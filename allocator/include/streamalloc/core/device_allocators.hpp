@@ -31,6 +31,11 @@ class device_allocators {
   caching_allocator& at(int device);
   // The allocator of `device` if it was already created, else nullptr.
   caching_allocator* find(int device) const;
+  // Runs `hook` for every allocator created so far and, from now on, for
+  // each one right after it is created (before first use). One hook; a
+  // second call replaces it.
+  using creation_hook = std::function<void(int device, caching_allocator& allocator)>;
+  void set_creation_hook(creation_hook hook);
   const allocator_config& config() const { return config_; }
 
  private:
@@ -42,6 +47,8 @@ class device_allocators {
   };
   backend_factory factory_;
   allocator_config config_;
+  std::mutex hook_mutex_;
+  creation_hook hook_;
   std::vector<std::unique_ptr<slot>> slots_;
 };
 

@@ -1,0 +1,90 @@
+// Run-time allocator settings: see the header.
+#include "torch_settings.hpp"
+
+#include <c10/core/AllocatorConfig.h>
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <cctype>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "process_allocator.hpp"
+#include "torch_errors.hpp"
+
+namespace streamalloc {
+namespace {
+
+// torch's device-allocator keys that mean the same in streamalloc.
+constexpr const char* k_shared_keys[] = {"max_split_size_mb", "max_non_split_rounding_mb", "roundup_power2_divisions",
+                                         "garbage_collection_threshold", "expandable_segments"};
+
+std::string trimmed(const std::string& text) {
+  const auto begin = std::find_if_not(text.begin(), text.end(), [](unsigned char c) { return std::isspace(c); });
+  const auto end = std::find_if_not(text.rbegin(), text.rend(), [](unsigned char c) { return std::isspace(c); }).base();
+  return begin < end ? std::string(begin, end) : std::string();
+}
+
+// Splits `key:value,key:[a,b],...` at the commas outside brackets.
+std::vector<std::string> entries_of(const std::string& settings) {
+  std::vector<std::string> out;
+  std::string current;
+  int depth = 0;
+  for (char c : settings) {
+    if (c == '[') ++depth;
+    if (c == ']') --depth;
+    if (c == ',' && depth == 0) {
+      out.push_back(trimmed(current));
+      current.clear();
+    } else {
+      current += c;
+    }
+  }
+  out.push_back(trimmed(current));
+  return out;
+}
+
+bool is_shared(const std::string& key) {
+  return std::any_of(std::begin(k_shared_keys), std::end(k_shared_keys), [&](const char* k) { return key == k; });
+}
+
+}  // namespace
+
+void apply_torch_allocator_settings(const std::string& settings) {
+  std::string shared;
+  std::string ignored;
+  for (const std::string& entry : entries_of(settings)) {
+    if (entry.empty()) continue;
+    const std::string key = trimmed(entry.substr(0, entry.find(':')));
+    if (is_shared(key)) {
+      shared += (shared.empty() ? "" : ",") + entry;
+    } else if (key.rfind("pinned_", 0) != 0) {
+      ignored += (ignored.empty() ? "" : ", ") + key;
+    }
+  }
+  if (!ignored.empty()) {
+    TORCH_WARN("streamalloc ignores these allocator settings of torch's native CUDA allocator: ", ignored,
+               ". streamalloc applies ", "max_split_size_mb, max_non_split_rounding_mb, roundup_power2_divisions, ",
+               "garbage_collection_threshold and expandable_segments; its own options are set with STREAMALLOC_CONF.");
+  }
+  if (shared.empty()) return;
+  if (process_allocators_created()) {
+    process_allocators().update_config(process_allocator_config().with(shared));
+  } else {
+    configure_process_allocators(shared);
+  }
+}
+
+void hook_torch_allocator_settings() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    auto& hook = c10::CachingAllocator::AcceleratorAllocatorConfig::getConfigParserHook();
+    hook = [previous = hook](const std::string& settings) {
+      if (previous) previous(settings);
+      guarded([&] { apply_torch_allocator_settings(settings); });
+    };
+  });
+}
+
+}  // namespace streamalloc

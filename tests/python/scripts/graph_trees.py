@@ -1,0 +1,83 @@
+"""torch.compile(mode="reduce-overhead") (CUDA graph trees) under the
+allocator named by argv[1]: a training and an inference loop of a small MLP,
+then one compiled function called with several input shapes, so its graphs
+form several branches of one tree sharing one memory pool. Reports the
+results (to compare with torch's native allocator) and how often graph
+trees used the allocator's checkpoint and pool-liveness calls."""
+
+import sys
+
+import torch
+
+from _common import emit, select_allocator
+
+select_allocator(sys.argv[1])
+torch.manual_seed(0)
+torch.backends.cuda.matmul.allow_tf32 = False
+torch.backends.cudnn.allow_tf32 = False
+# Graph trees check every pool's live allocations against the tensors they
+# expect (checkPoolLiveAllocations) when these asserts are on.
+torch._inductor.config.triton.slow_path_cudagraph_asserts = True
+
+calls = {"getCheckpointState": 0, "setCheckpointPoolState": 0, "checkPoolLiveAllocations": 0}
+
+
+def counted(name):
+    original = getattr(torch._C, "_cuda_" + name)
+
+    def wrapper(*args, **kwargs):
+        calls[name] += 1
+        return original(*args, **kwargs)
+
+    setattr(torch._C, "_cuda_" + name, wrapper)
+
+
+for name in calls:
+    counted(name)
+
+model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 64)).cuda()
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+inputs = [torch.randn(32, 64, device="cuda") for _ in range(8)]
+
+
+def train_step(x):
+    loss = model(x).square().mean()
+    loss.backward()
+    return loss
+
+
+compiled_train = torch.compile(train_step, mode="reduce-overhead")
+train_losses = []
+for x in inputs:
+    loss = compiled_train(x)
+    train_losses.append(loss.item())
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=False)
+
+model.eval()
+compiled_infer = torch.compile(model, mode="reduce-overhead")
+with torch.no_grad():
+    infer_sums = [compiled_infer(x).sum().item() for x in inputs]
+
+weight = torch.randn(64, 64, device="cuda")
+
+
+def branchy(x):
+    y = (x @ weight).relu()
+    return y.sum(dim=0) + y.mean()
+
+
+compiled_branchy = torch.compile(branchy, mode="reduce-overhead", dynamic=False)
+branch_sums = []
+for repeat in range(4):
+    for rows in (8, 16, 24):
+        branch_sums.append(compiled_branchy(torch.ones(rows, 64, device="cuda") * (repeat + 1)).sum().item())
+
+torch.cuda.synchronize()
+emit({
+    "train_losses": train_losses,
+    "infer_sums": infer_sums,
+    "branch_sums": branch_sums,
+    "calls": calls,
+    "backend_name": torch.cuda.memory.get_allocator_backend(),
+})

@@ -1,0 +1,155 @@
+"""The torch features a drop-in allocator must keep, each run once under
+torch's native allocator and once under streamalloc in fresh processes
+(scripts/), with streamalloc's results held to native's: torch.compile
+"reduce-overhead" (CUDA graph trees), torch.cuda.MemPool, memory history
+and memory_viz, the torch.accelerator API, run-time allocator settings,
+torch's out-of-memory wording, memory fraction 0, raw allocations and CUDA
+IPC between processes."""
+
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+MiB = 1 << 20
+
+
+@pytest.fixture(scope="module")
+def graph_trees(scripts):
+    return {mode: scripts.run_ok("graph_trees.py", mode, timeout=900) for mode in ("native", "streamalloc")}
+
+
+def test_compile_reduce_overhead_results_equal_native(graph_trees):
+    native, ours = graph_trees["native"], graph_trees["streamalloc"]
+    for key in ("train_losses", "infer_sums", "branch_sums"):
+        assert ours[key] == pytest.approx(native[key], rel=1e-5, abs=1e-6), key
+
+
+def test_graph_trees_checkpoint_and_check_pools_through_streamalloc(graph_trees):
+    calls = graph_trees["streamalloc"]["calls"]
+    # The same calls native needed, made to streamalloc without an error.
+    assert calls == graph_trees["native"]["calls"]
+    assert calls["checkPoolLiveAllocations"] > 0
+    assert calls["getCheckpointState"] > 0
+
+
+def counting_allocator_library():
+    path = os.environ.get("STREAMALLOC_COUNTING_ALLOCATOR", "")
+    return path if path and Path(path).is_file() else ""
+
+
+@pytest.fixture(scope="module")
+def mem_pools(scripts):
+    library = counting_allocator_library()
+    return {mode: scripts.run_ok("mem_pools.py", mode, library) for mode in ("native", "streamalloc")}
+
+
+def test_mempool_use_counts_and_routing_equal_native(mem_pools):
+    native, ours = mem_pools["native"], mem_pools["streamalloc"]
+    for key in ("use_count_new", "use_count_inside", "use_count_after", "tensor_in_pool", "outside_in_pool",
+                "pool_snapshot_only_pool", "survivor_ok", "pool_segments_after_free_and_empty_cache"):
+        assert ours[key] == native[key], key
+    assert ours["tensor_in_pool"] and not ours["outside_in_pool"] and ours["survivor_ok"]
+    assert ours["id"][0] == 0 and ours["id"][1] > 0  # a user-created pool, numbered like torch's
+
+
+def test_mempool_with_user_allocator(mem_pools):
+    if not counting_allocator_library():
+        pytest.skip("STREAMALLOC_COUNTING_ALLOCATOR does not name the built libcounting_allocator.so")
+    ours = mem_pools["streamalloc"]
+    assert ours["user_allocations"] >= 1
+    assert ours["user_values_ok"]
+    assert ours["user_frees"] == ours["user_allocations"] == mem_pools["native"]["user_allocations"]
+    assert ours["user_live_bytes"] == 0
+
+
+def test_mempool_use_on_oom_equals_native(mem_pools):
+    assert mem_pools["streamalloc"]["use_on_oom_served"] == mem_pools["native"]["use_on_oom_served"]
+
+
+@pytest.fixture(scope="module")
+def history(scripts, tmp_path_factory):
+    return {
+        mode: scripts.run_ok("memory_history.py", mode, str(tmp_path_factory.mktemp(mode)))
+        for mode in ("native", "streamalloc")
+    }
+
+
+def test_history_records_torch_actions_with_frames(history):
+    ours, native = history["streamalloc"], history["native"]
+    assert {"alloc", "free_requested", "free_completed"} <= set(ours["actions"])
+    assert ours["has_segment_event"]
+    assert ours["kept_alloc_entries"] == 1 and ours["kept_alloc_size"] == 3 * MiB
+    assert ours["kept_alloc_has_this_file"] and ours["kept_block_has_this_file"]
+    assert ours["freed_sequence"][-2:] == ["free_requested", "free_completed"]
+    assert ours["pending_sequence"][-2:] == native["pending_sequence"][-2:] == ["free_requested", "free_completed"]
+    assert ours["time_us_present"]
+
+
+def test_history_renders_with_memory_viz_and_stops(history):
+    ours = history["streamalloc"]
+    assert ours["dump_has_traces"]
+    assert ours["trace_plot_bytes"] > 1000 and ours["segment_plot_bytes"] > 1000
+    assert ours["traces_after_stop"] == history["native"]["traces_after_stop"] == 0
+
+
+def test_oom_observer_and_wording(history):
+    ours, native = history["streamalloc"], history["native"]
+    assert ours["oom_raised"] and ours["observer_calls"] == native["observer_calls"] == 1
+    first_sentence = re.compile(r"CUDA out of memory\. Tried to allocate [0-9.]+ [KMG]iB\.")
+    assert first_sentence.search(native["oom_message"])
+    assert first_sentence.search(ours["oom_message"])
+
+
+@pytest.fixture(scope="module")
+def torch_api(scripts):
+    return {mode: scripts.run_ok("torch_api.py", mode) for mode in ("native", "streamalloc")}
+
+
+def test_accelerator_api_reports_streamalloc(torch_api):
+    ours = torch_api["streamalloc"]
+    assert ours["accelerator_allocated"] == ours["cuda_allocated"] >= 15 * MiB
+    assert ours["accelerator_active_bytes"] == ours["cuda_active_bytes"]
+    assert ours["accelerator_reserved"] == ours["cuda_reserved"]
+    assert ours["accelerator_peak_after_reset"] == ours["cuda_peak_after_reset"]
+
+
+def test_settings_at_run_time(torch_api):
+    ours, native = torch_api["streamalloc"], torch_api["native"]
+    assert ours["max_split_size"] == native["max_split_size"] == 64 * MiB
+    assert ours["rounded_bytes"] == native["rounded_bytes"]
+    assert any("release_lock_on_cudamalloc" in w for w in ours["ignored_key_warnings"])
+
+
+def test_oom_wording_and_fraction_zero_like_torch(torch_api):
+    ours, native = torch_api["streamalloc"], torch_api["native"]
+    assert "Tried to allocate 800000000.00 GiB" in native["huge_oom"]
+    assert "Tried to allocate 800000000.00 GiB" in ours["huge_oom"]
+    assert ours["fraction0_raised"] and native["fraction0_raised"]
+    assert ours["after_fraction_restore_ok"]
+
+
+def test_raw_alloc_and_delete(torch_api):
+    ours, native = torch_api["streamalloc"], torch_api["native"]
+    assert ours["raw_alloc_delta"] == native["raw_alloc_delta"] == 3 * MiB
+    assert ours["raw_delete_delta"] == native["raw_delete_delta"] == 0
+
+
+@pytest.mark.parametrize(
+    "parent,child",
+    [
+        ("streamalloc", "native"),
+        ("streamalloc", "streamalloc"),
+        ("streamalloc_plain", "native"),
+        ("streamalloc_plain", "streamalloc"),
+        ("native", "streamalloc"),
+    ],
+)
+def test_cuda_ipc_round_trip(scripts, parent, child):
+    result = scripts.run_ok("cuda_ipc.py", parent, child, timeout=300)
+    assert result["child_read_ok"], result
+    assert result["parent_sees_writes"], result
+    assert result["child_exit"] == 0
