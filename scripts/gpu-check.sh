@@ -6,7 +6,7 @@
 # logged; a failed step does not stop the later ones; the exit status is
 # non-zero when any step failed.
 #
-#   scripts/gpu-check.sh [step...]     steps: env build unit gpu pip pytest sanitizer bench
+#   scripts/gpu-check.sh [step...]     steps: env build unit gpu stage pip pytest sanitizer bench
 #   scripts/gpu-check.sh --multi-gpu [step...]
 #
 # --multi-gpu (on a machine with 2+ GPUs, e.g. the lent nvidia-h200-x2) adds
@@ -33,7 +33,10 @@ report_dir="${OUT:-$step_log_dir}"
 site_dir="$build_dir/pip-target"
 combined_log="$report_dir/gpu-check.log"
 summary_file="$report_dir/gpu-check-summary.txt"
-all_steps=(env build unit gpu pip pytest sanitizer bench)
+all_steps=(env build unit gpu stage pip pytest sanitizer bench)
+# `stage` lays the package out from the build step's outputs (no second
+# compile); `pip` builds and installs it the way users do. Either provides
+# the package the later steps import; by default both run, pip last.
 
 mkdir -p "$step_log_dir" "$report_dir"
 : >"$combined_log"
@@ -180,6 +183,13 @@ step_pip() {
     "$repo_root"
 }
 
+step_stage() {
+  rm -rf "$site_dir"
+  mkdir -p "$site_dir/streamalloc"
+  cp "$repo_root"/python/streamalloc/*.py "$site_dir/streamalloc/"
+  cp "$build_dir"/lib/_C*.so "$build_dir/lib/libstreamalloc.so" "$site_dir/streamalloc/"
+}
+
 step_pytest() {
   local log="$step_log_dir/pytest.out"
   test -d "$site_dir" || { echo "gpu-check: the pip step did not install the package" >&2; return 1; }
@@ -232,6 +242,7 @@ run_step env step_env
 run_step build step_build
 run_step unit step_unit
 run_step gpu step_gpu
+run_step stage step_stage
 run_step pip step_pip
 run_step pytest step_pytest
 run_step sanitizer step_sanitizer

@@ -161,7 +161,8 @@ void memory_history::on_trace(int device, const trace_event* events, std::size_t
       }
       TraceEntry entry(to_torch(e.action), static_cast<c10::DeviceIndex>(device), e.address, e.size,
                        reinterpret_cast<void*>(e.stream), to_mempool_id(e.pool), c10::getApproximateTime(),
-                       std::move(context));
+                       std::move(context), compile_contexts_.empty() ? "N/A" : compile_contexts_.back(),
+                       user_metadata_);
       if (!trackers_.empty()) for_trackers.push_back(entry);
       if (recording && skipped_.count(static_cast<int>(entry.action_)) == 0) {
         auto& device_entries = entries_[static_cast<std::size_t>(device)];
@@ -174,6 +175,26 @@ void memory_history::on_trace(int device, const trace_event* events, std::size_t
   for (const TraceEntry& entry : for_trackers) {
     for (const auto& tracker : trackers) tracker(entry);
   }
+}
+
+void memory_history::set_user_metadata(const std::string& metadata) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  user_metadata_ = metadata;
+}
+
+std::string memory_history::user_metadata() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return user_metadata_;
+}
+
+void memory_history::push_compile_context(const std::string& context) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  compile_contexts_.push_back(context);
+}
+
+void memory_history::pop_compile_context() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!compile_contexts_.empty()) compile_contexts_.pop_back();
 }
 
 memory_history::context_ptr memory_history::block_context(std::uintptr_t address) const {

@@ -33,6 +33,13 @@ class memory_history {
               record_context when, bool clear, const std::vector<std::string>& skip_actions);
   bool recording() const { return recording_.load(std::memory_order_relaxed); }
   void attach_tracker(c10::CachingDeviceAllocator::AllocatorTraceTracker tracker);
+  // Carried by every entry recorded from now on (torch's
+  // _set_memory_metadata), and the innermost compiled region entered
+  // (torch.compile's compile_context; "N/A" outside every region).
+  void set_user_metadata(const std::string& metadata);
+  std::string user_metadata() const;
+  void push_compile_context(const std::string& context);
+  void pop_compile_context();
 
   // Connects `allocator` (of `device`) while history or a tracker is on;
   // called for every allocator, existing or created later.
@@ -88,6 +95,8 @@ class memory_history {
   std::vector<c10::CachingDeviceAllocator::AllocatorTraceTracker> trackers_;
   std::unordered_map<std::uintptr_t, context_ptr> block_contexts_;
   std::unordered_map<std::uintptr_t, context_ptr> segment_contexts_;
+  std::string user_metadata_;
+  std::vector<std::string> compile_contexts_;
   // Allocators seen so far and their listeners (one per device, never freed
   // while an allocator may still point at it).
   std::vector<caching_allocator*> allocators_;

@@ -7,6 +7,7 @@
 #include <c10/core/Device.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <c10/util/Exception.h>
 
@@ -85,6 +86,24 @@ void delete_tagged(void* context) {
 
 c10::DataPtr tagged_data_ptr(void* ptr, c10::DeviceIndex device) {
   return {ptr, tag(ptr, device), &delete_tagged, c10::Device(c10::DeviceType::CUDA, device)};
+}
+
+// The deleter of memory allocated while caching was disabled.
+void delete_uncached(void* ptr) {
+  if (in_forked_child()) return;
+  torch_allocator* owner = installed_instance();
+  if (owner == nullptr || !owner->free_uncached(ptr)) {
+    std::fprintf(stderr, "streamalloc: %p is not an allocation made with caching disabled\n", ptr);
+  }
+}
+
+// torch's profiler (profile_memory=True) hears of every allocation and free
+// with the device's totals, as from torch's own allocator.
+void report_to_profiler(caching_allocator& allocator, void* ptr, std::int64_t delta) {
+  const device_stats stats = allocator.stats();
+  c10::reportMemoryUsageToProfiler(ptr, delta, static_cast<std::size_t>(stats.allocated_bytes[0].current),
+                                   static_cast<std::size_t>(stats.reserved_bytes[0].current),
+                                   c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(allocator.device())));
 }
 
 // --- streamalloc's statistics and segments in torch's types ---
@@ -316,9 +335,15 @@ torch_allocator::torch_allocator()
           }) {}
 
 void* torch_allocator::allocate_on(c10::DeviceIndex device, std::size_t bytes, cudaStream_t stream) {
+  if (!caching_enabled_.load(std::memory_order_relaxed)) return allocate_uncached(device, bytes);
   memory_history::call_scope context(history_, record_context::STATE);
   try {
-    return allocator_of(device).allocate(bytes, to_handle(stream));
+    caching_allocator& allocator = allocator_of(device);
+    void* ptr = allocator.allocate(bytes, to_handle(stream));
+    if (ptr != nullptr && c10::memoryProfilingEnabled()) {
+      report_to_profiler(allocator, ptr, static_cast<std::int64_t>(allocator.allocation_size(ptr)));
+    }
+    return ptr;
   } catch (const out_of_memory& e) {
     raise_out_of_memory(e);
   } catch (...) {
@@ -333,7 +358,43 @@ void torch_allocator::free_on(c10::DeviceIndex device, void* ptr) {
 
 void torch_allocator::free_with_context(caching_allocator& allocator, void* ptr) {
   memory_history::call_scope context(history_, record_context::ALL);
+  if (!c10::memoryProfilingEnabled()) {
+    allocator.free(ptr);
+    return;
+  }
+  const auto size = static_cast<std::int64_t>(allocator.allocation_size(ptr));
   allocator.free(ptr);
+  report_to_profiler(allocator, ptr, -size);
+}
+
+void* torch_allocator::allocate_uncached(c10::DeviceIndex device, std::size_t bytes) {
+  if (bytes == 0) return nullptr;
+  c10::cuda::CUDAGuard guard(device);
+  void* ptr = nullptr;
+  const cudaError_t error = cudaMalloc(&ptr, bytes);
+  if (error == cudaErrorMemoryAllocation) {
+    (void)cudaGetLastError();
+    TORCH_CHECK_WITH(OutOfMemoryError, false, "CUDA out of memory. Tried to allocate ", c10::CachingAllocator::format_size(bytes),
+                     " with the caching allocator disabled (torch.cuda.caching_allocator_enable(False)).");
+  }
+  C10_CUDA_CHECK(error);
+  std::lock_guard<std::mutex> lock(uncached_mutex_);
+  uncached_.emplace(ptr, device);
+  return ptr;
+}
+
+bool torch_allocator::free_uncached(void* ptr) {
+  c10::DeviceIndex device = 0;
+  {
+    std::lock_guard<std::mutex> lock(uncached_mutex_);
+    auto it = uncached_.find(ptr);
+    if (it == uncached_.end()) return false;
+    device = it->second;
+    uncached_.erase(it);
+  }
+  c10::cuda::CUDAGuard guard(device);
+  C10_CUDA_CHECK_WARN(cudaFree(ptr));
+  return true;
 }
 
 void torch_allocator::raise_out_of_memory(const out_of_memory& error) {
@@ -343,6 +404,10 @@ void torch_allocator::raise_out_of_memory(const out_of_memory& error) {
     observers = oom_observers_;
   }
   const oom_context& c = error.context();
+  if (c10::memoryProfilingEnabled()) {
+    c10::reportOutOfMemoryToProfiler(static_cast<std::int64_t>(c.requested_bytes), c.allocated_bytes, c.reserved_bytes,
+                                     c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(c.device)));
+  }
   for (const auto& observer : observers) {
     observer(c.device, c.requested_bytes, c.allowed_bytes, c.device_free_bytes);
   }
@@ -352,6 +417,10 @@ void torch_allocator::raise_out_of_memory(const out_of_memory& error) {
 c10::DataPtr torch_allocator::allocate(std::size_t bytes) {
   c10::DeviceIndex device = -1;
   C10_CUDA_CHECK(c10::cuda::GetDevice(&device));
+  if (!caching_enabled_.load(std::memory_order_relaxed)) {
+    void* ptr = allocate_uncached(device, bytes);
+    return {ptr, ptr, &delete_uncached, c10::Device(c10::DeviceType::CUDA, device)};
+  }
   void* ptr = allocate_on(device, bytes, c10::cuda::getCurrentCUDAStream(device).stream());
   return tagged_data_ptr(ptr, device);
 }
@@ -371,7 +440,7 @@ void* torch_allocator::raw_alloc_with_stream(std::size_t bytes, cudaStream_t str
 }
 
 void torch_allocator::raw_delete(void* ptr) {
-  if (ptr == nullptr || in_forked_child()) return;
+  if (ptr == nullptr || in_forked_child() || free_uncached(ptr)) return;
   const int owner = guarded([&] { return checked_owner_of(ptr, "raw_delete"); });
   free_on(static_cast<c10::DeviceIndex>(owner), ptr);
 }
@@ -508,6 +577,14 @@ void torch_allocator::recordHistory(bool enabled, c10::CachingDeviceAllocator::C
 }
 
 bool torch_allocator::isHistoryEnabled() { return history_.recording(); }
+
+void torch_allocator::setUserMetadata(const std::string& metadata) { history_.set_user_metadata(metadata); }
+
+std::string torch_allocator::getUserMetadata() { return history_.user_metadata(); }
+
+void torch_allocator::pushCompileContext(std::string& md) { history_.push_compile_context(md); }
+
+void torch_allocator::popCompileContext() { history_.pop_compile_context(); }
 
 void torch_allocator::attachOutOfMemoryObserver(cca::OutOfMemoryObserver observer) {
   std::lock_guard<std::mutex> lock(observers_mutex_);

@@ -10,7 +10,9 @@
 #include <torch/csrc/cuda/CUDAPluggableAllocator.h>
 
 #include <cstddef>
+#include <atomic>
 #include <mutex>
+#include <unordered_map>
 #include <string>
 #include <unordered_set>
 #include <vector>
@@ -37,6 +39,10 @@ class torch_allocator final : public torch::cuda::CUDAPluggableAllocator::CUDAPl
   void* raw_alloc_with_stream(std::size_t bytes, cudaStream_t stream) override;
   void raw_delete(void* ptr) override;
   void init(int device_count) override;
+  // torch.cuda.caching_allocator_enable(False): allocations bypass the
+  // cache (cudaMalloc/cudaFree each time) and the statistics, as in torch.
+  void enable(bool value) override { caching_enabled_.store(value, std::memory_order_relaxed); }
+  bool isEnabled() const override { return caching_enabled_.load(std::memory_order_relaxed); }
   using CUDAPluggableAllocator::recordStream;  // the c10::Stream overload forwards here
   void recordStream(const c10::DataPtr& data, c10::cuda::CUDAStream stream) override;
 
@@ -61,6 +67,10 @@ class torch_allocator final : public torch::cuda::CUDAPluggableAllocator::CUDAPl
                      std::size_t alloc_trace_max_entries, c10::CachingDeviceAllocator::RecordContext when,
                      bool clear_history, const std::vector<std::string>& skip_actions) override;
   bool isHistoryEnabled() override;
+  void setUserMetadata(const std::string& metadata) override;
+  std::string getUserMetadata() override;
+  void pushCompileContext(std::string& md) override;
+  void popCompileContext() override;
   void attachOutOfMemoryObserver(c10::cuda::CUDACachingAllocator::OutOfMemoryObserver observer) override;
   void attachAllocatorTraceTracker(c10::CachingDeviceAllocator::AllocatorTraceTracker tracker) override;
 
@@ -95,13 +105,20 @@ class torch_allocator final : public torch::cuda::CUDAPluggableAllocator::CUDAPl
   // The DataPtr deleter's path: frees `ptr`, with the freeing call's stack
   // when memory history records stacks of frees.
   void free_with_context(caching_allocator& allocator, void* ptr);
+  // Frees `ptr` if it was allocated while caching was disabled; false
+  // otherwise.
+  bool free_uncached(void* ptr);
 
  private:
   void* allocate_on(c10::DeviceIndex device, std::size_t bytes, cudaStream_t stream);
+  void* allocate_uncached(c10::DeviceIndex device, std::size_t bytes);
   void free_on(c10::DeviceIndex device, void* ptr);
   [[noreturn]] void raise_out_of_memory(const out_of_memory& error);
 
   memory_history history_;
+  std::atomic<bool> caching_enabled_{true};
+  std::mutex uncached_mutex_;
+  std::unordered_map<void*, c10::DeviceIndex> uncached_;
   std::mutex observers_mutex_;
   std::vector<c10::cuda::CUDACachingAllocator::OutOfMemoryObserver> oom_observers_;
 };

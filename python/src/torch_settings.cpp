@@ -68,11 +68,14 @@ void apply_torch_allocator_settings(const std::string& settings) {
                ". streamalloc applies ", "max_split_size_mb, max_non_split_rounding_mb, roundup_power2_divisions, ",
                "garbage_collection_threshold and expandable_segments; its own options are set with STREAMALLOC_CONF.");
   }
-  if (shared.empty()) return;
+  // Like torch, every call starts from the settings before any call: a key
+  // it does not name returns to its value at installation.
+  static const allocator_config* const installed = new allocator_config(process_allocator_config());
+  const allocator_config wanted = installed->with(shared);
   if (process_allocators_created()) {
-    process_allocators().update_config(process_allocator_config().with(shared));
+    process_allocators().update_config(wanted);
   } else {
-    configure_process_allocators(shared);
+    configure_process_allocators(wanted);
   }
 }
 

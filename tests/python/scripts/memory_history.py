@@ -23,7 +23,7 @@ def allocate_here():
     return torch.empty(3 * MiB, dtype=torch.uint8, device="cuda")
 
 
-torch.cuda.memory._record_memory_history(max_entries=100000)
+torch.cuda.memory._record_memory_history(max_entries=100000, stacks="python")
 result["enabled"] = torch._C._cuda_isHistoryEnabled() if hasattr(torch._C, "_cuda_isHistoryEnabled") else None
 kept = allocate_here()
 freed = allocate_here()
