@@ -57,7 +57,7 @@ class memory_file {
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   static memory_file file;
   const std::string path = file.write(data, size);
-  std::vector<trace_event> events;
+  std::vector<trace_file_event> events;
   try {
     events = load_trace(path);
   } catch (const trace_error&) {

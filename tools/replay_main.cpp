@@ -283,8 +283,8 @@ void print_table(const options& opts, const allocator_config& config, const repl
 // are keyed on real streams as they were in the recorded program.
 class cuda_trace_streams {
  public:
-  explicit cuda_trace_streams(std::vector<trace_event>& events) {
-    for (trace_event& e : events) {
+  explicit cuda_trace_streams(std::vector<trace_file_event>& events) {
+    for (trace_file_event& e : events) {
       if (e.stream == 0) continue;
       auto it = streams_.find(e.stream);
       if (it == streams_.end()) {
@@ -321,7 +321,7 @@ struct replay_device {
 
 // Opens the device of --backend. On a GPU the trace's streams are remapped
 // to created streams and opts->capacity_bytes becomes the GPU's memory size.
-replay_device open_device(options* opts, std::vector<trace_event>& events) {
+replay_device open_device(options* opts, std::vector<trace_file_event>& events) {
   replay_device device;
   if (opts->backend == "sim") {
     sim_config sim;
@@ -349,7 +349,7 @@ replay_device open_device(options* opts, std::vector<trace_event>& events) {
 // Replays `events` again, untimed, on a fresh allocator and writes the
 // allocated (live requested) and reserved bytes after every allocate and
 // free, numbered as the alloc/free_completed events of the trace.
-void write_timeline(const std::vector<trace_event>& events, caching_allocator& allocator, const std::string& path) {
+void write_timeline(const std::vector<trace_file_event>& events, caching_allocator& allocator, const std::string& path) {
   std::ofstream out(path);
   if (!out) throw std::runtime_error("cannot write the timeline to " + path);
   out << "op,allocated_bytes,reserved_bytes\n";
@@ -367,11 +367,11 @@ void write_timeline(const std::vector<trace_event>& events, caching_allocator& a
     live.clear();
   };
   try {
-    for (const trace_event& e : events) {
-      if (e.action == trace_action::alloc) {
+    for (const trace_file_event& e : events) {
+      if (e.action == trace_file_action::alloc) {
         live.emplace(e.addr, allocator.allocate(e.size, static_cast<stream_handle>(e.stream)));
         record();
-      } else if (e.action == trace_action::free_completed) {
+      } else if (e.action == trace_file_action::free_completed) {
         // replay_trace has already checked that every free is of a live address.
         const auto it = live.find(e.addr);
         void* ptr = it->second;
@@ -427,7 +427,7 @@ int main(int argc, char** argv) {
   }
 
   try {
-    std::vector<trace_event> events = load_trace(opts.trace);
+    std::vector<trace_file_event> events = load_trace(opts.trace);
     const replay_device device = open_device(&opts, events);
     replay_result result;
     {

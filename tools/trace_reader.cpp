@@ -32,15 +32,15 @@ std::string quoted(std::string_view text) {
   return out;
 }
 
-trace_action parse_action(std::string_view name) {
-  if (name == "alloc") return trace_action::alloc;
-  if (name == "free_requested") return trace_action::free_requested;
-  if (name == "free_completed") return trace_action::free_completed;
-  if (name == "segment_alloc") return trace_action::segment_alloc;
-  if (name == "segment_free") return trace_action::segment_free;
-  if (name == "segment_map") return trace_action::segment_map;
-  if (name == "segment_unmap") return trace_action::segment_unmap;
-  return trace_action::other;
+trace_file_action parse_action(std::string_view name) {
+  if (name == "alloc") return trace_file_action::alloc;
+  if (name == "free_requested") return trace_file_action::free_requested;
+  if (name == "free_completed") return trace_file_action::free_completed;
+  if (name == "segment_alloc") return trace_file_action::segment_alloc;
+  if (name == "segment_free") return trace_file_action::segment_free;
+  if (name == "segment_map") return trace_file_action::segment_map;
+  if (name == "segment_unmap") return trace_file_action::segment_unmap;
+  return trace_file_action::other;
 }
 
 // zlib prefixes its messages with the path it was opened with; the
@@ -67,16 +67,16 @@ std::string describe_stream_error(int errnum, const std::string& detail) {
 
 }  // namespace
 
-const char* to_string(trace_action action) {
+const char* to_string(trace_file_action action) {
   switch (action) {
-    case trace_action::alloc: return "alloc";
-    case trace_action::free_requested: return "free_requested";
-    case trace_action::free_completed: return "free_completed";
-    case trace_action::segment_alloc: return "segment_alloc";
-    case trace_action::segment_free: return "segment_free";
-    case trace_action::segment_map: return "segment_map";
-    case trace_action::segment_unmap: return "segment_unmap";
-    case trace_action::other: return "other";
+    case trace_file_action::alloc: return "alloc";
+    case trace_file_action::free_requested: return "free_requested";
+    case trace_file_action::free_completed: return "free_completed";
+    case trace_file_action::segment_alloc: return "segment_alloc";
+    case trace_file_action::segment_free: return "segment_free";
+    case trace_file_action::segment_map: return "segment_map";
+    case trace_file_action::segment_unmap: return "segment_unmap";
+    case trace_file_action::other: return "other";
   }
   return "other";
 }
@@ -151,7 +151,7 @@ bool trace_reader::next_line(std::string_view* line) {
   }
 }
 
-bool trace_reader::next(trace_event* out) {
+bool trace_reader::next(trace_file_event* out) {
   std::string_view line;
   if (!next_line(&line)) return false;
   if (line.empty()) fail(line_, "empty line (expected action,addr,size,stream)");
@@ -196,10 +196,10 @@ bool trace_reader::next(trace_event* out) {
   return true;
 }
 
-std::vector<trace_event> load_trace(const std::string& path) {
+std::vector<trace_file_event> load_trace(const std::string& path) {
   trace_reader reader(path);
-  std::vector<trace_event> events;
-  trace_event event;
+  std::vector<trace_file_event> events;
+  trace_file_event event;
   while (reader.next(&event)) events.push_back(event);
   return events;
 }

@@ -15,7 +15,7 @@ struct gzFile_s;  // zlib's handle type, kept out of this header
 
 namespace streamalloc {
 
-enum class trace_action : std::uint8_t {
+enum class trace_file_action : std::uint8_t {
   alloc,
   free_requested,
   free_completed,
@@ -26,11 +26,11 @@ enum class trace_action : std::uint8_t {
   other,  // oom, snapshot and any action this reader does not interpret
 };
 
-// The spelling used in trace files ("other" for trace_action::other).
-const char* to_string(trace_action action);
+// The spelling used in trace files ("other" for trace_file_action::other).
+const char* to_string(trace_file_action action);
 
-struct trace_event {
-  trace_action action = trace_action::other;
+struct trace_file_event {
+  trace_file_action action = trace_file_action::other;
   std::uint64_t addr = 0;
   std::uint64_t size = 0;
   std::uint64_t stream = 0;  // raw stream handle, 0 = default stream
@@ -64,7 +64,7 @@ class trace_reader {
   // Stores the next event in *out and returns true, or returns false at the
   // end of the trace. Throws trace_error on a malformed line or a damaged
   // file; events before the bad line have already been returned.
-  bool next(trace_event* out);
+  bool next(trace_file_event* out);
 
   const std::string& path() const { return path_; }
 
@@ -89,6 +89,6 @@ class trace_reader {
 };
 
 // Reads every event of `path` into memory (see trace_reader for errors).
-std::vector<trace_event> load_trace(const std::string& path);
+std::vector<trace_file_event> load_trace(const std::string& path);
 
 }  // namespace streamalloc

@@ -23,7 +23,7 @@ struct trace_figures {
 constexpr int k_all = static_cast<int>(stat_type::all);
 
 // Validates the alloc/free pairing so the timed pass can trust it.
-trace_figures examine_trace(const std::vector<trace_event>& events, const std::string& path) {
+trace_figures examine_trace(const std::vector<trace_file_event>& events, const std::string& path) {
   trace_figures figures;
   std::unordered_map<std::uint64_t, std::uint64_t> live_sizes;  // trace address -> requested size
   std::uint64_t live_bytes = 0;
@@ -31,9 +31,9 @@ trace_figures examine_trace(const std::vector<trace_event>& events, const std::s
   // outnumber allocations early in a trace.
   std::int64_t native_reserved = 0;
   std::int64_t native_peak = 0;
-  for (const trace_event& e : events) {
+  for (const trace_file_event& e : events) {
     switch (e.action) {
-      case trace_action::alloc: {
+      case trace_file_action::alloc: {
         if (!live_sizes.emplace(e.addr, e.size).second) {
           throw trace_error(path, e.line, "alloc at address " + std::to_string(e.addr) + ", which is already live");
         }
@@ -43,7 +43,7 @@ trace_figures examine_trace(const std::vector<trace_event>& events, const std::s
         figures.peak_live_allocations = std::max(figures.peak_live_allocations, live_sizes.size());
         break;
       }
-      case trace_action::free_completed: {
+      case trace_file_action::free_completed: {
         const auto it = live_sizes.find(e.addr);
         if (it == live_sizes.end()) {
           throw trace_error(path, e.line, "free_completed of address " + std::to_string(e.addr) + ", which is not live");
@@ -53,18 +53,18 @@ trace_figures examine_trace(const std::vector<trace_event>& events, const std::s
         live_sizes.erase(it);
         break;
       }
-      case trace_action::segment_alloc:
-      case trace_action::segment_map:
+      case trace_file_action::segment_alloc:
+      case trace_file_action::segment_map:
         ++figures.native_segments;
         native_reserved += static_cast<std::int64_t>(e.size);
         native_peak = std::max(native_peak, native_reserved);
         break;
-      case trace_action::segment_free:
-      case trace_action::segment_unmap:
+      case trace_file_action::segment_free:
+      case trace_file_action::segment_unmap:
         native_reserved -= static_cast<std::int64_t>(e.size);
         break;
-      case trace_action::free_requested:
-      case trace_action::other:
+      case trace_file_action::free_requested:
+      case trace_file_action::other:
         break;
     }
   }
@@ -93,7 +93,7 @@ replay_out_of_memory::replay_out_of_memory(const std::string& path, std::uint64_
       context_(cause.context()),
       line_(line) {}
 
-replay_result replay_trace(const std::vector<trace_event>& events, caching_allocator& allocator,
+replay_result replay_trace(const std::vector<trace_file_event>& events, caching_allocator& allocator,
                            const std::string& path) {
   const trace_figures figures = examine_trace(events, path);
 
@@ -102,15 +102,15 @@ replay_result replay_trace(const std::vector<trace_event>& events, caching_alloc
   allocator.reset_peak_stats();
   const device_stats before = allocator.stats();
 
-  const trace_event* current = nullptr;
+  const trace_file_event* current = nullptr;
   std::chrono::steady_clock::duration elapsed{};
   try {
     const auto start = std::chrono::steady_clock::now();
-    for (const trace_event& e : events) {
+    for (const trace_file_event& e : events) {
       current = &e;
-      if (e.action == trace_action::alloc) {
+      if (e.action == trace_file_action::alloc) {
         live.emplace(e.addr, allocator.allocate(e.size, static_cast<stream_handle>(e.stream)));
-      } else if (e.action == trace_action::free_completed) {
+      } else if (e.action == trace_file_action::free_completed) {
         const auto it = live.find(e.addr);
         void* ptr = it->second;
         live.erase(it);

@@ -69,7 +69,7 @@ class replay_out_of_memory : public std::runtime_error {
 // or an alloc at an address that already is (before any allocator call),
 // replay_out_of_memory when the allocator runs out. Every allocation made is
 // freed again before returning or throwing.
-replay_result replay_trace(const std::vector<trace_event>& events, caching_allocator& allocator,
+replay_result replay_trace(const std::vector<trace_file_event>& events, caching_allocator& allocator,
                            const std::string& path);
 
 }  // namespace streamalloc

@@ -411,7 +411,7 @@ TEST_CASE("bad input: a trace that frees an unknown address", "[bad_input][trace
   temp_dir dir;
   const std::string path =
       dir.write("unknown_free.csv", k_trace_header + "alloc,4096,512,0\nfree_completed,8192,512,0\n");
-  const std::vector<trace_event> events = load_trace(path);
+  const std::vector<trace_file_event> events = load_trace(path);
   sim_fixture f(immediate_events(1_GiB));
   live_allocations live(f.alloc, f.sim, f.s1, f.s2);
   const std::string message = error_of<trace_error>([&] { replay_trace(events, f.alloc, path); });

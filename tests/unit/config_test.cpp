@@ -5,8 +5,10 @@
 #include <limits>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "streamalloc/core/config.hpp"
+#include "streamalloc/core/size_policy.hpp"
 #include "streamalloc/util/errors.hpp"
 #include "support/catch.hpp"
 #include "support/contains.hpp"
@@ -37,6 +39,7 @@ void check_same(const allocator_config& a, const allocator_config& b) {
   CHECK(a.max_split_bytes == b.max_split_bytes);
   CHECK(a.max_non_split_rounding_bytes == b.max_non_split_rounding_bytes);
   CHECK(a.roundup_power2_divisions == b.roundup_power2_divisions);
+  CHECK(a.roundup_power2_intervals == b.roundup_power2_intervals);
   CHECK(a.cross_stream_reuse == b.cross_stream_reuse);
   // Exact: the round trip must not lose a bit.
   CHECK(a.memory_fraction == b.memory_fraction);
@@ -426,6 +429,126 @@ TEST_CASE("config: to_string renders every key and round-trips", "[config]") {
     } catch (const config_error& e) {
       CHECK(contains(e.what(), "max_split_bytes"));
       CHECK(contains(e.what(), "max_split_size_mb"));
+    }
+  }
+}
+
+namespace {
+
+std::vector<unsigned> intervals(const std::string& list) {
+  return allocator_config::parse("roundup_power2_divisions:" + list).roundup_power2_intervals;
+}
+
+}  // namespace
+
+TEST_CASE("config: torch's list form of roundup_power2_divisions", "[config]") {
+  // Entry i covers requests in [2^i, 2^(i+1)) MiB.
+  SECTION("torch's example: the first entry also covers every smaller size, '>' every larger one") {
+    CHECK(intervals("[256:1,512:2,1024:4,>:8]") ==
+          std::vector<unsigned>{1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 4, 8, 8, 8, 8, 8});
+    const allocator_config c = allocator_config::parse("roundup_power2_divisions:[256:1,512:2,1024:4,>:8]");
+    CHECK(c.roundup_power2_divisions == 0);
+    CHECK(c.roundup_divisions_for(100) == 1);
+    CHECK(c.roundup_divisions_for(300_MiB) == 1);
+    CHECK(c.roundup_divisions_for(512_MiB - 1) == 1);
+    CHECK(c.roundup_divisions_for(512_MiB) == 2);
+    CHECK(c.roundup_divisions_for(1_GiB + 512_MiB) == 4);
+    CHECK(c.roundup_divisions_for(2_GiB) == 8);
+    CHECK(c.roundup_divisions_for(std::size_t{1} << 40) == 8);  // beyond 64 GiB: the last interval
+  }
+  SECTION("intervals no entry names do not round, as in torch") {
+    CHECK(intervals("[64:8,1024:4]") == std::vector<unsigned>{8, 8, 8, 8, 8, 8, 8, 0, 0, 0, 4, 0, 0, 0, 0, 0});
+    CHECK(intervals("[>:2]") == std::vector<unsigned>{0, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2});
+    CHECK(intervals("[]") == std::vector<unsigned>(16, 0));
+    // Boundaries beyond the table clamp to its last interval.
+    CHECK(intervals("[65536:2]") == std::vector<unsigned>(16, 2));
+    CHECK(intervals("[ 1 : 4 , > : 16 ]") == std::vector<unsigned>{4, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16,
+                                                                   16, 16, 16, 16});
+  }
+  SECTION("commas inside the list do not end the key") {
+    const allocator_config c =
+        allocator_config::parse("roundup_power2_divisions:[256:1,>:4],max_split_size_mb:64,expandable_segments:False");
+    CHECK(c.roundup_divisions_for(1_GiB) == 4);
+    CHECK(c.max_split_bytes == 64_MiB);
+    CHECK_FALSE(c.expandable_segments);
+  }
+  SECTION("malformed lists name the key") {
+    for (const char* v : {"[3:2]", "[256:3]", "[256:128]", "[256]", "[256:2", "[x:2]", "[256:2,,>:4]",
+                          "[256:2,512:4,max_split_size_mb:40"}) {
+      INFO(v);
+      CHECK(contains(parse_error(std::string("roundup_power2_divisions:") + v), "roundup_power2_divisions"));
+    }
+  }
+  SECTION("round trip, and either form replaces the other") {
+    const allocator_config c = allocator_config::parse("roundup_power2_divisions:[64:8,1024:4,>:2]");
+    const std::string text = c.to_string();
+    INFO(text);
+    CHECK(contains(text, "roundup_power2_divisions:[1:8,2:8,4:8,8:8,16:8,32:8,64:8,128:0,256:0,512:0,1024:4,2048:2,"
+                         "4096:2,8192:2,16384:2,32768:2],"));
+    check_same(allocator_config::parse(text), c);
+    const allocator_config single = c.with("roundup_power2_divisions:4");
+    CHECK(single.roundup_power2_intervals.empty());
+    CHECK(single.roundup_divisions_for(4_GiB) == 4);
+    CHECK(allocator_config::parse("roundup_power2_divisions:4").with("roundup_power2_divisions:[>:2]")
+              .roundup_power2_divisions == 0);
+    allocator_config broken;
+    broken.roundup_power2_intervals = {4, 4};
+    CHECK_THROWS_AS(broken.to_string(), config_error);
+    CHECK_THROWS_AS(broken.validate(), config_error);
+  }
+  SECTION("the size policy rounds by the interval of the request") {
+    const allocator_config c = allocator_config::parse("roundup_power2_divisions:[1:4,>:8]");
+    const size_policy policy(c, false);
+    std::size_t rounded = 0;
+    REQUIRE(policy.round(1_MiB + 512_KiB + 1, &rounded));
+    CHECK(rounded == 1_MiB + 768_KiB);  // quarters of [1, 2) MiB
+    REQUIRE(policy.round(3_MiB + 1, &rounded));
+    CHECK(rounded == 3_MiB + 256_KiB);  // eighths of [2, 4) MiB
+    REQUIRE(policy.round(700_KiB + 1, &rounded));
+    CHECK(rounded == 768_KiB);  // below 1 MiB: the first interval's quarters
+  }
+}
+
+TEST_CASE("config: check_run_time_update names the field that cannot change", "[config]") {
+  const allocator_config now;
+  allocator_config next = now;
+  next.max_split_bytes = 64_MiB;
+  next.max_non_split_rounding_bytes = 40_MiB;
+  next.roundup_power2_divisions = 4;
+  next.garbage_collection_threshold = 0.5;
+  next.expandable_segments = false;
+  CHECK_NOTHROW(now.check_run_time_update(next));
+  next.roundup_power2_intervals = std::vector<unsigned>(16, 2);
+  CHECK_NOTHROW(now.check_run_time_update(next));
+
+  struct change {
+    const char* field;
+    const char* key;
+    void (*apply)(allocator_config&);
+  };
+  const change changes[] = {
+      {"min_block_bytes", "min_block_bytes", [](allocator_config& c) { c.min_block_bytes = 1024; }},
+      {"small_request_bytes", "small_size_kb", [](allocator_config& c) { c.small_request_bytes = 512_KiB; }},
+      {"small_segment_bytes", "small_segment_mb", [](allocator_config& c) { c.small_segment_bytes = 4_MiB; }},
+      {"large_segment_bytes", "large_segment_mb", [](allocator_config& c) { c.large_segment_bytes = 40_MiB; }},
+      {"min_large_alloc_bytes", "min_large_alloc_mb", [](allocator_config& c) { c.min_large_alloc_bytes = 8_MiB; }},
+      {"large_round_bytes", "large_round_mb", [](allocator_config& c) { c.large_round_bytes = 4_MiB; }},
+      {"cross_stream_reuse", "cross_stream_reuse", [](allocator_config& c) { c.cross_stream_reuse = false; }},
+      {"memory_fraction", "memory_fraction", [](allocator_config& c) { c.memory_fraction = 0.5; }},
+      {"stitching", "stitching", [](allocator_config& c) { c.stitching = false; }},
+      {"stitch_slack", "stitch_slack", [](allocator_config& c) { c.stitch_slack = 0.1; }},
+      {"vmm_chunk_bytes", "vmm_chunk_mb", [](allocator_config& c) { c.vmm_chunk_bytes = 4_MiB; }},
+  };
+  for (const change& ch : changes) {
+    INFO(ch.field);
+    allocator_config changed = now;
+    ch.apply(changed);
+    try {
+      now.check_run_time_update(changed);
+      FAIL("a change of " << ch.field << " was accepted");
+    } catch (const usage_error& e) {
+      CHECK(contains(e.what(), std::string(ch.field) + " (STREAMALLOC_CONF key " + ch.key));
+      CHECK(contains(e.what(), "cannot change at run time"));
     }
   }
 }

@@ -45,9 +45,9 @@ sim_config sim_device(std::size_t capacity_bytes, bool virtual_memory = true) {
   return device;
 }
 
-trace_event event(trace_action action, std::uint64_t addr, std::uint64_t size, std::uint64_t line,
+trace_file_event event(trace_file_action action, std::uint64_t addr, std::uint64_t size, std::uint64_t line,
                   std::uint64_t stream = 0) {
-  trace_event e;
+  trace_file_event e;
   e.action = action;
   e.addr = addr;
   e.size = size;
@@ -58,16 +58,16 @@ trace_event event(trace_action action, std::uint64_t addr, std::uint64_t size, s
 
 // The peak of the sum of live sizes, by the trace's own alloc/free_completed
 // pairing and nothing else.
-std::size_t peak_live_bytes(const std::vector<trace_event>& events) {
+std::size_t peak_live_bytes(const std::vector<trace_file_event>& events) {
   std::unordered_map<std::uint64_t, std::uint64_t> live;
   std::uint64_t current = 0;
   std::uint64_t peak = 0;
-  for (const trace_event& e : events) {
-    if (e.action == trace_action::alloc) {
+  for (const trace_file_event& e : events) {
+    if (e.action == trace_file_action::alloc) {
       live[e.addr] = e.size;
       current += e.size;
       if (current > peak) peak = current;
-    } else if (e.action == trace_action::free_completed) {
+    } else if (e.action == trace_file_action::free_completed) {
       current -= live.at(e.addr);
       live.erase(e.addr);
     }
@@ -130,7 +130,7 @@ static void check_resnet_replay(bool expandable) {
     WARN("skipped: shared trace not found at " << k_shared_trace);
     return;
   }
-  const std::vector<trace_event> events = load_trace(k_shared_trace);
+  const std::vector<trace_file_event> events = load_trace(k_shared_trace);
   const std::size_t expected_peak = peak_live_bytes(events);
   CHECK(expected_peak == k_resnet_peak_live_bytes);
 
@@ -185,7 +185,7 @@ TEST_CASE("replaying the ResNet-50 trace with expandable segments stays within 1
 // stitching had to synchronize a stream.
 static replay_result replay_captured(const std::string& name) {
   const std::string path = STREAMALLOC_TEST_DATA_DIR "/traces/" + name;
-  const std::vector<trace_event> events = load_trace(path);
+  const std::vector<trace_file_event> events = load_trace(path);
   sim_backend backend(sim_device(k_h200_bytes));
   caching_allocator allocator(backend, allocator_config{});
   replay_result result = replay_trace(events, allocator, path);
@@ -216,17 +216,17 @@ TEST_CASE("a fixed-batch training loop stops stitching once it repeats itself", 
 }
 
 TEST_CASE("replay maps trace addresses to allocator pointers across streams", "[replay]") {
-  std::vector<trace_event> events = {
-      event(trace_action::segment_alloc, 4096, 20971520, 2),
-      event(trace_action::alloc, 4096, 1000000, 3),
-      event(trace_action::alloc, 1004096, 3000000, 4, 7),
-      event(trace_action::free_requested, 4096, 1000000, 5),
-      event(trace_action::free_completed, 4096, 1000000, 6),
-      event(trace_action::other, 0, 0, 7),
-      event(trace_action::alloc, 4096, 2000000, 8),  // the address is reused after its free
-      event(trace_action::alloc, 9999, 0, 9),        // size 0: nullptr, nothing to free
-      event(trace_action::free_completed, 9999, 0, 10),
-      event(trace_action::free_completed, 1004096, 3000000, 11, 7),
+  std::vector<trace_file_event> events = {
+      event(trace_file_action::segment_alloc, 4096, 20971520, 2),
+      event(trace_file_action::alloc, 4096, 1000000, 3),
+      event(trace_file_action::alloc, 1004096, 3000000, 4, 7),
+      event(trace_file_action::free_requested, 4096, 1000000, 5),
+      event(trace_file_action::free_completed, 4096, 1000000, 6),
+      event(trace_file_action::other, 0, 0, 7),
+      event(trace_file_action::alloc, 4096, 2000000, 8),  // the address is reused after its free
+      event(trace_file_action::alloc, 9999, 0, 9),        // size 0: nullptr, nothing to free
+      event(trace_file_action::free_completed, 9999, 0, 10),
+      event(trace_file_action::free_completed, 1004096, 3000000, 11, 7),
   };
   sim_backend backend(sim_device(1_GiB));
   caching_allocator allocator(backend, allocator_config{});
@@ -250,26 +250,26 @@ TEST_CASE("replay rejects inconsistent traces before touching the allocator", "[
   caching_allocator allocator(backend, allocator_config{});
 
   SECTION("alloc at a live address") {
-    const std::vector<trace_event> events = {
-        event(trace_action::alloc, 4096, 512, 2),
-        event(trace_action::alloc, 4096, 512, 3),
+    const std::vector<trace_file_event> events = {
+        event(trace_file_action::alloc, 4096, 512, 2),
+        event(trace_file_action::alloc, 4096, 512, 3),
     };
     REQUIRE_THROWS_WITH(replay_trace(events, allocator, "t.csv"),
                         "t.csv:3: alloc at address 4096, which is already live");
   }
   SECTION("free_completed of an unknown address") {
-    const std::vector<trace_event> events = {
-        event(trace_action::alloc, 4096, 512, 2),
-        event(trace_action::free_completed, 8192, 512, 5),
+    const std::vector<trace_file_event> events = {
+        event(trace_file_action::alloc, 4096, 512, 2),
+        event(trace_file_action::free_completed, 8192, 512, 5),
     };
     REQUIRE_THROWS_WITH(replay_trace(events, allocator, "t.csv"),
                         "t.csv:5: free_completed of address 8192, which is not live");
   }
   SECTION("free_completed twice") {
-    const std::vector<trace_event> events = {
-        event(trace_action::alloc, 4096, 512, 2),
-        event(trace_action::free_completed, 4096, 512, 3),
-        event(trace_action::free_completed, 4096, 512, 4),
+    const std::vector<trace_file_event> events = {
+        event(trace_file_action::alloc, 4096, 512, 2),
+        event(trace_file_action::free_completed, 4096, 512, 3),
+        event(trace_file_action::free_completed, 4096, 512, 4),
     };
     REQUIRE_THROWS_AS(replay_trace(events, allocator, "t.csv"), trace_error);
   }
@@ -280,9 +280,9 @@ TEST_CASE("replay rejects inconsistent traces before touching the allocator", "[
 TEST_CASE("replay reports running out of memory with the trace line", "[replay]") {
   sim_backend backend(sim_device(64_MiB));
   caching_allocator allocator(backend, allocator_config{});
-  const std::vector<trace_event> events = {
-      event(trace_action::alloc, 4096, 1_MiB, 2),
-      event(trace_action::alloc, 1_GiB, 1_GiB, 3),
+  const std::vector<trace_file_event> events = {
+      event(trace_file_action::alloc, 4096, 1_MiB, 2),
+      event(trace_file_action::alloc, 1_GiB, 1_GiB, 3),
   };
   try {
     replay_trace(events, allocator, "t.csv");

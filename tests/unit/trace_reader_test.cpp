@@ -18,9 +18,9 @@
 namespace {
 
 using streamalloc::load_trace;
-using streamalloc::trace_action;
+using streamalloc::trace_file_action;
 using streamalloc::trace_error;
-using streamalloc::trace_event;
+using streamalloc::trace_file_event;
 using streamalloc::trace_reader;
 
 namespace fs = std::filesystem;
@@ -31,7 +31,7 @@ const std::string k_header = "action,addr,size,stream\n";
 
 // Every event a reader returns, then the error it ended with ("" if none).
 struct read_outcome {
-  std::vector<trace_event> events;
+  std::vector<trace_file_event> events;
   std::string error;
   std::uint64_t error_line = 0;
 };
@@ -40,7 +40,7 @@ read_outcome read_until_error(const std::string& path) {
   read_outcome outcome;
   try {
     trace_reader reader(path);
-    trace_event event;
+    trace_file_event event;
     while (reader.next(&event)) outcome.events.push_back(event);
   } catch (const trace_error& e) {
     outcome.error = e.what();
@@ -80,26 +80,26 @@ TEST_CASE("trace_reader reads every action, plain and gzip'd", "[trace_reader]")
 
   for (const std::string& path : {plain, gzipped}) {
     INFO(path);
-    const std::vector<trace_event> events = load_trace(path);
+    const std::vector<trace_file_event> events = load_trace(path);
     REQUIRE(events.size() == 9);
-    CHECK(events[0].action == trace_action::segment_alloc);
+    CHECK(events[0].action == trace_file_action::segment_alloc);
     CHECK(events[0].addr == 140139680497664ULL);
     CHECK(events[0].size == 2097152);
     CHECK(events[0].line == 2);
-    CHECK(events[1].action == trace_action::alloc);
+    CHECK(events[1].action == trace_file_action::alloc);
     CHECK(events[1].size == 37632);
-    CHECK(events[2].action == trace_action::free_requested);
+    CHECK(events[2].action == trace_file_action::free_requested);
     CHECK(events[2].stream == 94000000000ULL);
-    CHECK(events[3].action == trace_action::free_completed);
-    CHECK(events[4].action == trace_action::segment_free);
-    CHECK(events[5].action == trace_action::segment_map);
+    CHECK(events[3].action == trace_file_action::free_completed);
+    CHECK(events[4].action == trace_file_action::segment_free);
+    CHECK(events[5].action == trace_file_action::segment_map);
     CHECK(events[5].addr == UINT64_MAX);
     CHECK(events[5].size == UINT64_MAX);
     CHECK(events[5].stream == UINT64_MAX);
-    CHECK(events[6].action == trace_action::segment_unmap);
-    CHECK(events[7].action == trace_action::other);
+    CHECK(events[6].action == trace_file_action::segment_unmap);
+    CHECK(events[7].action == trace_file_action::other);
     CHECK(events[7].addr == 1024);
-    CHECK(events[8].action == trace_action::other);
+    CHECK(events[8].action == trace_file_action::other);
     CHECK(events[8].line == 10);
   }
 }
@@ -109,7 +109,7 @@ TEST_CASE("trace_reader streams events one at a time", "[trace_reader]") {
   const std::string path = dir.write_gzip("many.csv.gz", many_lines(20000));
   trace_reader reader(path);
   CHECK(reader.path() == path);
-  trace_event event;
+  trace_file_event event;
   std::uint64_t count = 0;
   std::uint64_t size_sum = 0;
   std::uint64_t lines_out_of_place = 0;
@@ -128,10 +128,10 @@ TEST_CASE("trace_reader streams events one at a time", "[trace_reader]") {
 TEST_CASE("trace_reader accepts CRLF line ends and a missing final newline", "[trace_reader]") {
   temp_dir dir;
   const std::string path = dir.write("crlf.csv", "action,addr,size,stream\r\nalloc,1,2,3\r\nfree_completed,1,2,3");
-  const std::vector<trace_event> events = load_trace(path);
+  const std::vector<trace_file_event> events = load_trace(path);
   REQUIRE(events.size() == 2);
   CHECK(events[0].stream == 3);
-  CHECK(events[1].action == trace_action::free_completed);
+  CHECK(events[1].action == trace_file_action::free_completed);
   CHECK(events[1].stream == 3);
 }
 
@@ -250,13 +250,13 @@ TEST_CASE("trace_reader reports a truncated gzip stream at the line where it end
   }
 }
 
-TEST_CASE("trace_action names match the trace format", "[trace_reader]") {
-  CHECK(std::string(streamalloc::to_string(trace_action::alloc)) == "alloc");
-  CHECK(std::string(streamalloc::to_string(trace_action::free_requested)) == "free_requested");
-  CHECK(std::string(streamalloc::to_string(trace_action::free_completed)) == "free_completed");
-  CHECK(std::string(streamalloc::to_string(trace_action::segment_alloc)) == "segment_alloc");
-  CHECK(std::string(streamalloc::to_string(trace_action::segment_free)) == "segment_free");
-  CHECK(std::string(streamalloc::to_string(trace_action::segment_map)) == "segment_map");
-  CHECK(std::string(streamalloc::to_string(trace_action::segment_unmap)) == "segment_unmap");
-  CHECK(std::string(streamalloc::to_string(trace_action::other)) == "other");
+TEST_CASE("trace_file_action names match the trace format", "[trace_reader]") {
+  CHECK(std::string(streamalloc::to_string(trace_file_action::alloc)) == "alloc");
+  CHECK(std::string(streamalloc::to_string(trace_file_action::free_requested)) == "free_requested");
+  CHECK(std::string(streamalloc::to_string(trace_file_action::free_completed)) == "free_completed");
+  CHECK(std::string(streamalloc::to_string(trace_file_action::segment_alloc)) == "segment_alloc");
+  CHECK(std::string(streamalloc::to_string(trace_file_action::segment_free)) == "segment_free");
+  CHECK(std::string(streamalloc::to_string(trace_file_action::segment_map)) == "segment_map");
+  CHECK(std::string(streamalloc::to_string(trace_file_action::segment_unmap)) == "segment_unmap");
+  CHECK(std::string(streamalloc::to_string(trace_file_action::other)) == "other");
 }

@@ -61,18 +61,7 @@ caching_allocator::caching_allocator(device_backend& backend, allocator_config c
   device_total_bytes_ = info.total_bytes;
   set_fraction_locked(config_.memory_fraction);
   expandable_ = config_.expandable_segments && backend_.supports_virtual_memory();
-  if (expandable_) {
-    const std::size_t granularity = backend_.vm_granularity();
-    if (granularity == 0 || config_.vmm_chunk_bytes % granularity != 0) {
-      throw config_error("STREAMALLOC_CONF: vmm_chunk_mb (" + std::to_string(config_.vmm_chunk_bytes) +
-                         " bytes) must be a multiple of device " + std::to_string(backend_.device_index()) +
-                         "'s virtual-memory granularity (" + std::to_string(granularity) + " bytes)");
-    }
-    chunk_bytes_ = config_.vmm_chunk_bytes;
-    if (!round_up_checked(std::max(device_total_bytes_, chunk_bytes_), chunk_bytes_, &range_bytes_)) {
-      range_bytes_ = chunk_bytes_;
-    }
-  }
+  if (expandable_) init_expandable_locked();
   stats_.max_split_size = config_.max_split_bytes == k_max_size ? -1 : static_cast<std::int64_t>(config_.max_split_bytes);
 }
 
@@ -104,7 +93,7 @@ caching_allocator::~caching_allocator() {
 void* caching_allocator::allocate(std::size_t bytes, stream_handle stream) {
   if (bytes == 0) return nullptr;
   const pool_id pool = capture_count_.load(std::memory_order_acquire) != 0 ? route_capture(stream) : 0;
-  std::lock_guard<adaptive_mutex> lock(mutex_);
+  locked_call call(*this);
   return allocate_locked(bytes, stream, pool);
 }
 
@@ -113,7 +102,7 @@ void* caching_allocator::allocate_locked(std::size_t bytes, stream_handle stream
   // still underway) serves nothing new: the request goes to the default pool.
   if (pool != 0 && private_pools_.find(pool) == private_pools_.end()) pool = 0;
   std::size_t rounded = 0;
-  if (!policy_.round(bytes, &rounded)) raise_oom_locked(bytes);
+  if (!policy_.round(bytes, &rounded)) raise_oom_locked(bytes, stream, pool);
   free_block_set& free_set = pool_for_locked(pool, policy_.is_small(rounded, pool == 0));
   const bool capturing = capture_count_.load(std::memory_order_relaxed) != 0;
 
@@ -166,14 +155,14 @@ void* caching_allocator::allocate_locked(std::size_t bytes, stream_handle stream
   }
 
   // Stage 7: give up with the numbers the user needs.
-  if (found == nullptr) raise_oom_locked(bytes);
+  if (found == nullptr) raise_oom_locked(bytes, stream, pool);
 
   take_block_locked(found, rounded, bytes, remainder_stream);
   return reinterpret_cast<void*>(found->address);
 }
 
 block* caching_allocator::find_free_block_locked(free_block_set& free_set, std::size_t rounded, stream_handle stream) {
-  auto it = free_set.lower_bound(block_key{stream, rounded, 0});
+  auto it = skip_switched_off_locked(free_set, free_set.lower_bound(block_key{stream, rounded, 0}), stream);
   if (it == free_set.end() || it->key.stream != stream) return nullptr;
   block* b = it->b;
   if (!policy_.may_reuse(b->size, rounded)) return nullptr;
@@ -189,7 +178,7 @@ block* caching_allocator::borrow_from_other_stream_locked(free_block_set& free_s
   for (auto it = free_set.begin(); it != free_set.end();) {
     const stream_handle other = it->key.stream;
     if (other != stream) {
-      auto candidate = free_set.lower_bound(block_key{other, rounded, 0});
+      auto candidate = skip_switched_off_locked(free_set, free_set.lower_bound(block_key{other, rounded, 0}), other);
       if (candidate != free_set.end() && candidate->key.stream == other &&
           policy_.may_reuse(candidate->key.size, rounded) && (best == nullptr || candidate->key.size < best->size)) {
         best = candidate->b;
@@ -245,6 +234,7 @@ block* caching_allocator::grow_locked(std::size_t rounded, stream_handle stream,
   update_stat(stats_.reserved_bytes, s, static_cast<std::int64_t>(segment_bytes));
   if (policy_.is_oversize(segment_bytes)) stats_.oversize_segments.increase(1);
   ++stats_.num_device_alloc;
+  record_trace_locked(trace_action::segment_alloc, s->address, s->size, stream, pool);
   return b;
 }
 
@@ -275,6 +265,7 @@ void caching_allocator::take_block_locked(block* b, std::size_t rounded, std::si
   update_stat(stats_.active_bytes, s, size);
   update_stat(stats_.requested_bytes, s, static_cast<std::int64_t>(requested));
   if (policy_.is_oversize(b->size)) stats_.oversize_allocations.increase(1);
+  record_trace_locked(trace_action::alloc, b->address, b->size, b->stream, s->pool);
 }
 
 // ---------------------------------------------------------------------------
@@ -282,12 +273,15 @@ void caching_allocator::take_block_locked(block* b, std::size_t rounded, std::si
 
 void caching_allocator::free(void* ptr) {
   if (ptr == nullptr) return;
-  std::lock_guard<adaptive_mutex> lock(mutex_);
+  locked_call call(*this);
   block* b = allocated_.erase(to_address(ptr));
   if (b == nullptr) throw usage_error(describe_unknown_pointer_locked(ptr));
   b->allocated = false;
 
   segment* s = b->owner;
+  // free_completed follows, now or once the block's stream uses end
+  // (return_to_pool_locked), as in torch's history.
+  record_trace_locked(trace_action::free_requested, b->address, b->size, b->stream, s->pool);
   update_stat(stats_.allocation, s, -1);
   update_stat(stats_.allocated_bytes, s, -static_cast<std::int64_t>(b->size));
   update_stat(stats_.requested_bytes, s, -static_cast<std::int64_t>(b->requested_size));
@@ -385,6 +379,7 @@ void caching_allocator::synchronize_pending_locked() {
 
 void caching_allocator::return_to_pool_locked(block* b) {
   segment* s = b->owner;
+  record_trace_locked(trace_action::free_completed, b->address, b->size, b->stream, s->pool);
   update_stat(stats_.active, s, -1);
   update_stat(stats_.active_bytes, s, -static_cast<std::int64_t>(b->size));
   b->requested_size = 0;
@@ -432,7 +427,7 @@ void caching_allocator::erase_free_locked(block* b) {
 // Giving memory back
 
 void caching_allocator::empty_cache() {
-  std::lock_guard<adaptive_mutex> lock(mutex_);
+  locked_call call(*this);
   // A capture may neither synchronize nor free device memory; the cache is
   // kept until it ends.
   if (capture_count_.load(std::memory_order_relaxed) != 0) return;
@@ -479,6 +474,7 @@ void caching_allocator::release_unused_segments_locked() {
 
 bool caching_allocator::release_segment_locked(segment* s) {
   if (!backend_.free_segment(reinterpret_cast<void*>(s->address), s->size)) return false;
+  record_trace_locked(trace_action::segment_free, s->address, s->size, s->stream, s->pool);
   for (block* b = s->first; b != nullptr;) {
     block* next = b->next;
     erase_free_locked(b);
@@ -531,6 +527,49 @@ void caching_allocator::set_fraction_locked(double fraction) {
 }
 
 // ---------------------------------------------------------------------------
+// Settings at run time (torch.cuda.memory._set_allocator_settings)
+
+void caching_allocator::update_config(const allocator_config& config) {
+  config.validate();
+  allocator_config next = config;  // copied before the lock: nothing below throws once state changes
+  std::lock_guard<adaptive_mutex> lock(mutex_);
+  config_.check_run_time_update(next);
+
+  // As at construction, a device without virtual memory keeps plain
+  // segments whatever the setting says.
+  const bool expandable = next.expandable_segments && backend_.supports_virtual_memory();
+  if (expandable) init_expandable_locked();  // may refuse the chunk size; nothing has changed yet
+  const bool split_changed = next.max_split_bytes != config_.max_split_bytes;
+  config_ = std::move(next);
+  expandable_ = expandable;
+  policy_ = size_policy(config_, expandable_);
+  if (split_changed) {
+    const std::size_t limit = config_.max_split_bytes;
+    stats_.max_split_size = limit == k_max_size ? -1 : static_cast<std::int64_t>(limit);
+    recount_oversize_locked();
+  }
+}
+
+void caching_allocator::recount_oversize_locked() {
+  // Blocks and segments live across the change, so the counts follow the
+  // new limit from now on: each later allocation and free is judged by it.
+  std::int64_t allocations = 0;
+  std::int64_t segments = 0;
+  for (const auto& [address, s] : segments_) {
+    if (!s->expandable && policy_.is_oversize(s->size)) ++segments;
+    for (const block* b = s->first; b != nullptr; b = b->next) {
+      if (b->allocated && policy_.is_oversize(b->size)) ++allocations;
+    }
+  }
+  const auto set = [](stat_counter& counter, std::int64_t value) {
+    if (value > counter.current) counter.increase(value - counter.current);
+    if (value < counter.current) counter.decrease(counter.current - value);
+  };
+  set(stats_.oversize_allocations, allocations);
+  set(stats_.oversize_segments, segments);
+}
+
+// ---------------------------------------------------------------------------
 // Private pools (CUDA graph capture)
 
 void caching_allocator::begin_allocate_to_pool(pool_id id, stream_filter filter) {
@@ -542,7 +581,7 @@ void caching_allocator::begin_allocate_to_pool(pool_id id, stream_filter filter)
 }
 
 void caching_allocator::end_allocate_to_pool(pool_id id) {
-  std::lock_guard<adaptive_mutex> lock(mutex_);
+  locked_call call(*this);
   auto it = std::find_if(captures_.begin(), captures_.end(), [&](const capture& c) { return c.id == id; });
   if (it == captures_.end()) throw usage_error("streamalloc: no allocation to private pool " + std::to_string(id) + " is underway");
   captures_.erase(it);
@@ -551,7 +590,7 @@ void caching_allocator::end_allocate_to_pool(pool_id id) {
 }
 
 void caching_allocator::release_pool(pool_id id) {
-  std::lock_guard<adaptive_mutex> lock(mutex_);
+  locked_call call(*this);
   auto it = private_pools_.find(id);
   if (it == private_pools_.end() || it->second.use_count == 0) {
     throw usage_error("streamalloc: private pool " + std::to_string(id) + " is not in use");
@@ -764,20 +803,32 @@ std::string caching_allocator::describe_unknown_pointer_locked(const void* ptr) 
   return out.str();
 }
 
-void caching_allocator::raise_oom_locked(std::size_t requested) {
+void caching_allocator::raise_oom_locked(std::size_t requested, stream_handle stream, pool_id pool) {
   ++stats_.num_ooms;
   oom_context context;
   context.device = backend_.device_index();
   context.requested_bytes = requested;
+  // Note [torch's OOM message]: torch names the segment the request needed.
+  std::size_t rounded = 0;
+  if (!policy_.round(requested, &rounded) || !policy_.segment_size(rounded, &context.allocation_bytes)) {
+    context.allocation_bytes = requested;
+  }
   context.device_total_bytes = device_total_bytes_;
   device_memory_info info;
   if (backend_.memory_info(&info)) context.device_free_bytes = info.free_bytes;
   context.allocated_bytes = static_cast<std::size_t>(stats_.allocated_bytes[0].current);
   context.reserved_bytes = static_cast<std::size_t>(stats_.reserved_bytes[0].current);
   context.allowed_bytes = allowed_bytes_;
+  for (const auto& [id, p] : private_pools_) {
+    for (const free_block_set* set : {&p.free.small, &p.free.large}) {
+      for (const free_entry& entry : *set) context.private_pool_cached_bytes += entry.key.size;
+    }
+  }
   device_stats scratch;
   fill_fragmentation_locked(&scratch);
   context.largest_free_block_bytes = static_cast<std::size_t>(scratch.largest_free_block_bytes);
+  // torch's convention: an oom event's address is the device's free bytes.
+  record_trace_locked(trace_action::oom, context.device_free_bytes, requested, stream, pool);
   throw out_of_memory(context);
 }
 
@@ -825,7 +876,7 @@ void caching_allocator::validate() const {
     if (address != s->address) fail("segment map key differs from segment address");
     if (s->first == nullptr || s->first->prev != nullptr) fail("segment does not start with a first block");
     if (s->expandable) {
-      if (!expandable_ || s->pool != 0) fail("an expandable segment outside the default pool");
+      if (s->pool != 0) fail("an expandable segment outside the default pool");
       validate_expandable_locked(s, &mapped_chunks);
       bump(recount.reserved_bytes, s, static_cast<std::int64_t>(s->mapped_chunks * s->chunk_bytes));
       for (const block* b = s->first; b != nullptr; b = b->next) {

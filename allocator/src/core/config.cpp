@@ -104,6 +104,69 @@ std::string mib_text(std::size_t bytes) {
   return bytes % 1_MiB == 0 ? std::to_string(bytes / 1_MiB) + " MiB" : std::to_string(bytes) + " bytes";
 }
 
+unsigned parse_divisions(std::string_view key, std::string_view value, std::string_view text) {
+  const std::size_t n = parse_count(key, text, "divisions");
+  if (n > k_max_roundup_divisions || (n != 0 && !is_power_of_two(n))) {
+    fail_value(key, value, "0 (off) or a power of two from 1 to 64");
+  }
+  return static_cast<unsigned>(n);
+}
+
+// Note [roundup intervals]: torch's list form, with torch's semantics
+// (AcceleratorAllocatorConfig::parseRoundUpPower2Divisions): each
+// `MiB:divisions` entry sets the interval starting at that power of two
+// (clamped to the table); the first one also covers every interval below
+// it; `>:divisions` covers every interval after the last entry before it;
+// intervals named by no rule do not round (0).
+std::vector<unsigned> parse_roundup_intervals(std::string_view value) {
+  constexpr const char* key = "roundup_power2_divisions";
+  const char* expected = "a list [MiB:divisions,...,>:divisions] with MiB a power of two and divisions 0 or a power "
+                         "of two up to 64";
+  if (value.size() < 2 || value.back() != ']') fail_value(key, value, expected);
+  std::vector<unsigned> table(allocator_config::k_roundup_intervals, 0);
+  std::string_view rest = trim(value.substr(1, value.size() - 2));
+  bool first = true;
+  std::size_t last_index = 0;
+  while (!rest.empty()) {
+    const std::size_t comma = rest.find(',');
+    const std::string_view entry = trim(rest.substr(0, comma));
+    rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
+    const std::size_t colon = entry.find(':');
+    if (colon == std::string_view::npos) fail_value(key, value, expected);
+    const std::string_view boundary = trim(entry.substr(0, colon));
+    const unsigned divisions = parse_divisions(key, value, trim(entry.substr(colon + 1)));
+    if (boundary == ">") {
+      std::fill(table.begin() + static_cast<std::ptrdiff_t>(last_index + 1), table.end(), divisions);
+      continue;
+    }
+    const std::size_t mib = parse_count(key, boundary, "MiB");
+    if (!is_power_of_two(mib)) fail_value(key, value, expected);
+    std::size_t index = 0;
+    for (std::size_t m = mib; m > 1; m >>= 1) ++index;
+    index = std::min(index, table.size() - 1);
+    if (first) std::fill(table.begin(), table.begin() + static_cast<std::ptrdiff_t>(index), divisions);
+    first = false;
+    table[index] = divisions;
+    last_index = index;
+  }
+  return table;
+}
+
+// Every interval written out, so that parsing the text gives the same table.
+std::string render_roundup_intervals(const std::vector<unsigned>& table) {
+  if (table.size() != allocator_config::k_roundup_intervals) {
+    throw config_error("allocator_config::to_string: roundup_power2_intervals has " + std::to_string(table.size()) +
+                       " entries; it needs " + std::to_string(allocator_config::k_roundup_intervals) +
+                       " (or none), so roundup_power2_divisions cannot express it");
+  }
+  std::string text = "[";
+  for (std::size_t i = 0; i < table.size(); ++i) {
+    if (i != 0) text += ',';
+    text += std::to_string(std::size_t{1} << i) + ':' + std::to_string(table[i]);
+  }
+  return text + "]";
+}
+
 struct key_handler {
   const char* key;
   const char* description;
@@ -188,16 +251,21 @@ constexpr key_handler k_handlers[] = {
                             "max_non_split_rounding_mb", "MiB");
      }},
     {"roundup_power2_divisions",
-     "PyTorch's key, single-integer form: round requests up to one of N steps between powers of two; N a power "
-     "of two up to 64, 0 = off (default 0).",
+     "PyTorch's key: round requests up to one of N steps between powers of two; N a power of two up to 64, "
+     "0 = off (default 0). PyTorch's list form [256:1,512:2,>:8] sets N per size interval (MiB).",
      [](allocator_config& c, std::string_view v) {
-       const std::size_t n = parse_count("roundup_power2_divisions", v, "divisions");
-       if (n > k_max_roundup_divisions || (n != 0 && !is_power_of_two(n))) {
-         fail_value("roundup_power2_divisions", v, "0 (off) or a power of two from 1 to 64");
+       if (!v.empty() && v.front() == '[') {
+         c.roundup_power2_intervals = parse_roundup_intervals(v);
+         c.roundup_power2_divisions = 0;
+         return;
        }
-       c.roundup_power2_divisions = static_cast<unsigned>(n);
+       c.roundup_power2_divisions = parse_divisions("roundup_power2_divisions", v, v);
+       c.roundup_power2_intervals.clear();
      },
-     [](const allocator_config& c) { return std::to_string(c.roundup_power2_divisions); }},
+     [](const allocator_config& c) {
+       return c.roundup_power2_intervals.empty() ? std::to_string(c.roundup_power2_divisions)
+                                                 : render_roundup_intervals(c.roundup_power2_intervals);
+     }},
     {"cross_stream_reuse",
      "True lets a free block cached for one stream serve another stream after an event wait, instead of "
      "growing (default True).",
@@ -265,9 +333,20 @@ const key_handler* find_handler(std::string_view key) {
 std::vector<std::pair<std::string_view, std::string_view>> split_entries(std::string_view text) {
   std::vector<std::pair<std::string_view, std::string_view>> entries;
   if (trim(text).empty()) return entries;
+  // A comma inside brackets belongs to a list value (torch's
+  // roundup_power2_divisions:[256:1,512:2]).
+  const auto next_comma = [&](std::size_t from) {
+    int depth = 0;
+    for (std::size_t i = from; i < text.size(); ++i) {
+      if (text[i] == '[') ++depth;
+      if (text[i] == ']' && depth > 0) --depth;
+      if (text[i] == ',' && depth == 0) return i;
+    }
+    return std::string_view::npos;
+  };
   std::size_t start = 0;
   while (true) {
-    const std::size_t comma = text.find(',', start);
+    const std::size_t comma = next_comma(start);
     const bool last = comma == std::string_view::npos;
     const std::string_view entry = trim(text.substr(start, last ? std::string_view::npos : comma - start));
     if (entry.empty()) {
@@ -348,6 +427,13 @@ allocator_config allocator_config::with(const std::string& text) const {
   return result;
 }
 
+unsigned allocator_config::roundup_divisions_for(std::size_t bytes) const {
+  if (roundup_power2_intervals.empty()) return roundup_power2_divisions;
+  std::size_t index = 0;
+  for (std::size_t mib = bytes >> 20; mib > 1 && index + 1 < roundup_power2_intervals.size(); mib >>= 1) ++index;
+  return roundup_power2_intervals[index];
+}
+
 std::size_t allocator_config::small_request_bytes_for(bool expandable) const {
   if (small_request_bytes != 0) return small_request_bytes;
   return expandable ? std::max(k_expandable_small_request_bytes, min_block_bytes) : k_plain_small_request_bytes;
@@ -358,6 +444,29 @@ void allocator_config::validate() const {
   // the cross-key rules for configs built in code, without a second copy of
   // the rules.
   (void)allocator_config{}.with(to_string());
+}
+
+void allocator_config::check_run_time_update(const allocator_config& next) const {
+  // These fields shape segments and blocks that already exist (or, for
+  // memory_fraction, have their own setter), so they stay as they are.
+  const auto keep = [](bool same, const char* field, const char* key) {
+    if (same) return;
+    throw usage_error(std::string("streamalloc: ") + field + " (STREAMALLOC_CONF key " + key +
+                      ") cannot change at run time; only max_split_size_mb, max_non_split_rounding_mb, "
+                      "roundup_power2_divisions, garbage_collection_threshold and expandable_segments can");
+  };
+  keep(next.min_block_bytes == min_block_bytes, "min_block_bytes", "min_block_bytes");
+  keep(next.small_request_bytes == small_request_bytes, "small_request_bytes", "small_size_kb");
+  keep(next.small_segment_bytes == small_segment_bytes, "small_segment_bytes", "small_segment_mb");
+  keep(next.large_segment_bytes == large_segment_bytes, "large_segment_bytes", "large_segment_mb");
+  keep(next.min_large_alloc_bytes == min_large_alloc_bytes, "min_large_alloc_bytes", "min_large_alloc_mb");
+  keep(next.large_round_bytes == large_round_bytes, "large_round_bytes", "large_round_mb");
+  keep(next.cross_stream_reuse == cross_stream_reuse, "cross_stream_reuse", "cross_stream_reuse");
+  keep(next.memory_fraction == memory_fraction, "memory_fraction",
+       "memory_fraction; set_memory_fraction changes the cap");
+  keep(next.stitching == stitching, "stitching", "stitching");
+  keep(next.stitch_slack == stitch_slack, "stitch_slack", "stitch_slack");
+  keep(next.vmm_chunk_bytes == vmm_chunk_bytes, "vmm_chunk_bytes", "vmm_chunk_mb");
 }
 
 const std::vector<allocator_config::key_doc>& allocator_config::keys() {

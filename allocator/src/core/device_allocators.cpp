@@ -4,6 +4,7 @@
 
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "streamalloc/util/errors.hpp"
 
@@ -25,6 +26,7 @@ caching_allocator& device_allocators::at(int device) {
   // call_once re-runs the initializer if it threw, so a transient failure
   // does not poison the slot.
   std::call_once(s.once, [&] {
+    std::lock_guard<std::mutex> guard(config_mutex_);
     status error;
     std::unique_ptr<device_backend> backend = factory_(device, &error);
     if (!backend) {
@@ -51,6 +53,33 @@ void device_allocators::set_creation_hook(creation_hook hook) {
   for (int device = 0; device < device_count(); ++device) {
     if (caching_allocator* existing = find(device)) hook_(device, *existing);
   }
+}
+
+allocator_config device_allocators::config() const {
+  std::lock_guard<std::mutex> guard(config_mutex_);
+  return config_;
+}
+
+void device_allocators::update_config(const allocator_config& config) {
+  config.validate();
+  std::lock_guard<std::mutex> guard(config_mutex_);
+  config_.check_run_time_update(config);
+  // Each allocator checks again (its device may refuse the chunk size);
+  // one that refuses undoes the ones already changed.
+  std::vector<std::pair<caching_allocator*, allocator_config>> changed;
+  try {
+    for (int device = 0; device < device_count(); ++device) {
+      caching_allocator* allocator = find(device);
+      if (allocator == nullptr) continue;
+      allocator_config before = allocator->config();
+      allocator->update_config(config);
+      changed.emplace_back(allocator, std::move(before));
+    }
+  } catch (...) {
+    for (auto& [allocator, before] : changed) allocator->update_config(before);
+    throw;
+  }
+  config_ = config;
 }
 
 caching_allocator* device_allocators::find(int device) const {

@@ -28,6 +28,19 @@
 // no large request fits there, so the large pool of expandable segments
 // also takes mid-size requests (above 384 KiB by default) to fill them,
 // instead of the small pool growing (allocator_config::small_request_bytes_for).
+//
+// Note [expandable segments switched off]: update_config may switch
+// expandable segments off (and on) while memory is live, as torch's
+// _set_allocator_settings("expandable_segments:False") does. Existing
+// ranges keep their kind: their blocks are freed and their chunks released
+// (empty_cache, the OOM ladder) as before, but while the setting is off no
+// new request is served from them and nothing new is mapped, so every new
+// allocation is plain device memory -- torch's rule, which users rely on to
+// share tensors between processes through cudaIpcGetMemHandle.
+//
+// Trace events: a run of chunks mapped for one request is one segment_map
+// event; the chunks unmapped out of one free block (a stitch donor, or idle
+// memory going back to the device) are one segment_unmap event.
 #include <algorithm>
 #include <limits>
 #include <string>
@@ -47,6 +60,20 @@ std::size_t chunks_for(std::size_t bytes, std::size_t chunk) { return bytes / ch
 void* to_pointer(std::uintptr_t address) { return reinterpret_cast<void*>(address); }
 
 }  // namespace
+
+void caching_allocator::init_expandable_locked() {
+  if (chunk_bytes_ != 0) return;  // ranges keep the chunk size they were made with
+  const std::size_t granularity = backend_.vm_granularity();
+  if (granularity == 0 || config_.vmm_chunk_bytes % granularity != 0) {
+    throw config_error("STREAMALLOC_CONF: vmm_chunk_mb (" + std::to_string(config_.vmm_chunk_bytes) +
+                       " bytes) must be a multiple of device " + std::to_string(backend_.device_index()) +
+                       "'s virtual-memory granularity (" + std::to_string(granularity) + " bytes)");
+  }
+  chunk_bytes_ = config_.vmm_chunk_bytes;
+  if (!round_up_checked(std::max(device_total_bytes_, chunk_bytes_), chunk_bytes_, &range_bytes_)) {
+    range_bytes_ = chunk_bytes_;
+  }
+}
 
 block* caching_allocator::grow_any_locked(std::size_t rounded, stream_handle stream, pool_id pool, bool capturing) {
   // Stitching synchronizes streams, which a capture forbids.
@@ -105,6 +132,7 @@ block* caching_allocator::grow_expandable_locked(std::size_t rounded, stream_han
                          " failed to map a memory chunk: " + st.message());
   }
   if (stolen > 0) ++stats_.num_stitched_blocks;
+  record_trace_locked(trace_action::segment_map, where.target->address, where.chunks * chunk_bytes_, stream, 0);
   return take_mapped_front_locked(where, stream);
 }
 
@@ -136,8 +164,9 @@ void caching_allocator::count_stitch_locked(std::size_t rounded) {
 
 void caching_allocator::allow_peer_access(int peer_device) {
   std::lock_guard<adaptive_mutex> lock(mutex_);
-  if (!expandable_ || peer_device == backend_.device_index() ||
-      std::find(peers_.begin(), peers_.end(), peer_device) != peers_.end()) {
+  // Remembered even while expandable segments are off: update_config may
+  // switch them on, and every chunk mapped then must be open to the peer.
+  if (peer_device == backend_.device_index() || std::find(peers_.begin(), peers_.end(), peer_device) != peers_.end()) {
     return;
   }
   for (const auto& [address, s] : segments_) {
@@ -301,6 +330,7 @@ std::size_t caching_allocator::unmap_idle_chunks_locked(block* d, std::size_t ma
 
   // Cut d into [head][hole][tail]; head and tail stay free and mapped.
   const std::uintptr_t hole_start = last - done * chunk;
+  record_trace_locked(trace_action::segment_unmap, hole_start, done * chunk, d->stream, s->pool);
   erase_free_locked(d);
   block* tail = nullptr;
   if (last < end) {
@@ -486,7 +516,7 @@ block* caching_allocator::absorb_following_free_locked(block* b) {
 }
 
 void caching_allocator::release_idle_chunks_locked() {
-  if (!expandable_) return;
+  if (chunk_bytes_ == 0) return;  // expandable segments never used: no range exists
   const auto has_idle = [&](const free_entry& e) { return e.b->owner->expandable && idle_chunks(e.b) > 0; };
   const auto any_idle = [&] {
     for (const free_block_set* set : {&default_pool_.small, &default_pool_.large}) {

@@ -17,12 +17,12 @@ std::size_t power_of_two_floor(std::size_t v) {
 }  // namespace
 
 bool size_policy::round(std::size_t requested, std::size_t* out) const {
-  const std::size_t min = config_.min_block_bytes;
+  const std::size_t min = config_->min_block_bytes;
   if (requested <= min) {
     *out = min;
     return true;
   }
-  const std::size_t divisions = config_.roundup_power2_divisions;
+  const std::size_t divisions = config_->roundup_divisions_for(requested);
   // Power-of-two divisions bucket sizes coarsely so differently sized
   // requests share blocks; below min * divisions a step would be < min.
   if (divisions > 1 && requested / divisions > min) {
@@ -38,19 +38,19 @@ bool size_policy::round(std::size_t requested, std::size_t* out) const {
 
 bool size_policy::segment_size(std::size_t rounded, std::size_t* out) const {
   if (rounded <= plain_small_bytes_) {
-    *out = config_.small_segment_bytes;
+    *out = config_->small_segment_bytes;
     return true;
   }
-  if (rounded < config_.min_large_alloc_bytes) {
-    *out = config_.large_segment_bytes;
+  if (rounded < config_->min_large_alloc_bytes) {
+    *out = config_->large_segment_bytes;
     return true;
   }
-  return round_up_checked(rounded, config_.large_round_bytes, out);
+  return round_up_checked(rounded, config_->large_round_bytes, out);
 }
 
 bool size_policy::should_split(std::size_t block_size, std::size_t rounded, bool small, bool expandable) const {
   const std::size_t remaining = block_size - rounded;
-  if (small || expandable) return remaining >= config_.min_block_bytes;
+  if (small || expandable) return remaining >= config_->min_block_bytes;
   // A large remainder is only worth keeping when it could serve a large
   // request; smaller leftovers stay attached (counted as allocated).
   return !is_oversize(rounded) && remaining > plain_small_bytes_;
@@ -60,7 +60,7 @@ bool size_policy::may_reuse(std::size_t block_size, std::size_t rounded) const {
   // Oversize blocks are kept whole for oversize requests only, and not for
   // one much smaller than the block (that would strand the difference).
   if (!is_oversize(rounded)) return !is_oversize(block_size);
-  return block_size - rounded < config_.max_non_split_rounding_bytes;
+  return block_size - rounded < config_->max_non_split_rounding_bytes;
 }
 
 }  // namespace streamalloc

@@ -1,8 +1,10 @@
-// Human-readable byte counts and the out-of-memory message. The message
-// follows PyTorch's wording so users recognise it and know which knobs
-// (STREAMALLOC_CONF, empty_cache) to reach for.
+// Human-readable byte counts and the out-of-memory message. The message is
+// PyTorch's, word for word (Note [torch's OOM message]), followed by what
+// streamalloc adds: the largest free cached block and which knobs
+// (STREAMALLOC_CONF, empty_cache) help against fragmentation.
 #include "streamalloc/util/errors.hpp"
 
+#include <charconv>
 #include <cstdio>
 #include <string>
 
@@ -16,12 +18,6 @@ constexpr int k_unit_count = sizeof(k_units) / sizeof(k_units[0]);
 std::string format_scaled(long double value, int unit) {
   char buffer[64];
   std::snprintf(buffer, sizeof(buffer), "%.2Lf %s", value, k_units[unit]);
-  return buffer;
-}
-
-std::string format_fraction(double fraction) {
-  char buffer[32];
-  std::snprintf(buffer, sizeof(buffer), "%.3g", fraction);
   return buffer;
 }
 
@@ -41,28 +37,55 @@ std::string format_bytes(std::size_t bytes) {
   return text;
 }
 
+std::string format_size(std::size_t bytes) {
+  if (bytes <= 1024) return std::to_string(bytes) + " bytes";
+  double value = static_cast<double>(bytes) / 1073741824.0;
+  const char* unit = " GiB";
+  if (bytes <= 1048576) {
+    value = static_cast<double>(bytes) / 1024.0;
+    unit = " KiB";
+  } else if (bytes <= 1073741824) {
+    value = static_cast<double>(bytes) / 1048576.0;
+    unit = " MiB";
+  }
+  // to_chars is locale-independent: a process that set a comma decimal
+  // locale still prints what torch prints.
+  char buffer[64];
+  const auto result = std::to_chars(buffer, buffer + sizeof(buffer), value, std::chars_format::fixed, 2);
+  return std::string(buffer, result.ptr) + unit;
+}
+
 namespace {
 
+// Note [torch's OOM message]: the message repeats torch's sentences word for
+// word (torch 2.11, CUDACachingAllocator.cpp), numbers in torch's
+// format_size, because users and tools parse them ("Tried to allocate
+// 20.00 MiB" is the segment the request needed, as torch reports it). Where
+// torch leaves a part out, so do we: the per-process sentence needs NVML,
+// which torch also skips when it cannot read it, and "... allowed; " only
+// appears under a memory fraction below 1. streamalloc's own figures follow
+// torch's text, after its final parenthesis.
 std::string oom_message(const oom_context& c) {
+  const std::size_t tried = c.allocation_bytes != 0 ? c.allocation_bytes : c.requested_bytes;
+  const std::size_t counted_allocated = c.allocated_bytes + c.private_pool_cached_bytes;
+  const std::size_t torch_unallocated = c.reserved_bytes > counted_allocated ? c.reserved_bytes - counted_allocated : 0;
+  std::string m = "CUDA out of memory. Tried to allocate " + format_size(tried) + ". GPU " + std::to_string(c.device) +
+                  " has a total capacity of " + format_size(c.device_total_bytes) + " of which " +
+                  format_size(c.device_free_bytes) + " is free. ";
+  if (c.allowed_bytes < c.device_total_bytes) m += format_size(c.allowed_bytes) + " allowed; ";
+  m += "Of the allocated memory " + format_size(counted_allocated) + " is allocated by PyTorch, ";
+  if (c.private_pool_cached_bytes > 0) {
+    m += "with " + format_size(c.private_pool_cached_bytes) + " allocated in private pools (e.g., CUDA Graphs), ";
+  }
+  m += "and " + format_size(torch_unallocated) +
+       " is reserved by PyTorch but unallocated. If reserved but unallocated memory is large try setting "
+       "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See documentation for Memory "
+       "Management  (https://docs.pytorch.org/docs/stable/notes/cuda.html"
+       "#optimizing-memory-usage-with-pytorch-cuda-alloc-conf)";
+
   const std::size_t unallocated = c.reserved_bytes > c.allocated_bytes ? c.reserved_bytes - c.allocated_bytes : 0;
-  std::string m = "CUDA out of memory. Tried to allocate " + format_bytes(c.requested_bytes) + ". GPU " +
-                  std::to_string(c.device) + " has a total capacity of " + format_bytes(c.device_total_bytes) +
-                  " of which " + format_bytes(c.device_free_bytes) + " is free.";
-  const std::size_t in_use = c.device_total_bytes > c.device_free_bytes ? c.device_total_bytes - c.device_free_bytes : 0;
-  if (in_use > c.reserved_bytes) {
-    m += " Including memory outside streamalloc (other allocators, other processes, the CUDA context), " +
-         format_bytes(in_use) + " is in use.";
-  }
-  m += " Of the allocated memory " + format_bytes(c.allocated_bytes) + " is allocated by streamalloc, and " +
-       format_bytes(unallocated) + " is reserved by streamalloc but unallocated (" + format_bytes(c.reserved_bytes) +
-       " reserved in total; largest free cached block " + format_bytes(c.largest_free_block_bytes) + ").";
-  if (c.allowed_bytes > 0 && c.allowed_bytes < c.device_total_bytes) {
-    const double fraction = c.device_total_bytes == 0
-                                ? 0.0
-                                : static_cast<double>(c.allowed_bytes) / static_cast<double>(c.device_total_bytes);
-    m += " The memory fraction caps what streamalloc may reserve at " + format_bytes(c.allowed_bytes) + " (" +
-         format_fraction(fraction) + " of the device).";
-  }
+  m += " streamalloc: " + format_size(c.reserved_bytes) + " reserved, " + format_size(unallocated) +
+       " of it unallocated; the largest free cached block is " + format_size(c.largest_free_block_bytes) + ".";
   // Enough bytes are cached in total but no single block holds the request:
   // the cache is fragmented rather than the device being full.
   if (unallocated >= c.requested_bytes && c.largest_free_block_bytes < c.requested_bytes) {

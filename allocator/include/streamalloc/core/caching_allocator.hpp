@@ -3,6 +3,7 @@
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
@@ -97,14 +98,17 @@ class caching_allocator {
   // --- memory history ---
   // Events are collected while a listener is set (nullptr: none, the
   // default) and delivered after each call releases the lock; the listener
-  // must outlive its registration.
+  // must outlive its registration. Returns once no other thread is still
+  // delivering to the listener it replaces (Note [trace delivery]).
   void set_trace_listener(trace_listener* listener);
 
   // --- settings at run time (torch.cuda.memory._set_allocator_settings) ---
   // Applies the keys that may change while memory is live:
-  // max_split_bytes, roundup_power2_divisions, garbage_collection_threshold
-  // and expandable_segments (for segments created from now on). Every
-  // other field of `config` must equal the current one (usage_error).
+  // max_split_bytes, max_non_split_rounding_bytes, roundup_power2_divisions
+  // (either form), garbage_collection_threshold and expandable_segments
+  // (for segments created from now on; existing ones keep their kind).
+  // Every other field of `config` must equal the current one (usage_error
+  // naming the field); config_error if `config` itself is invalid.
   void update_config(const allocator_config& config);
   // The settings in force (a copy: update_config may change them).
   allocator_config config() const;
@@ -164,6 +168,25 @@ class caching_allocator {
     pool_id id;
     stream_filter filter;
   };
+  // Holds the lock for one public call and, on leaving, hands the trace
+  // events the call recorded to the listener after unlocking (Note [trace
+  // delivery]). Without a listener it costs one branch over a lock_guard.
+  class locked_call {
+   public:
+    explicit locked_call(caching_allocator& owner) : owner_(owner) { owner_.mutex_.lock(); }
+    ~locked_call() {
+      if (owner_.trace_events_.empty()) {
+        owner_.mutex_.unlock();
+      } else {
+        owner_.deliver_trace_and_unlock();
+      }
+    }
+    locked_call(const locked_call&) = delete;
+    locked_call& operator=(const locked_call&) = delete;
+
+   private:
+    caching_allocator& owner_;
+  };
   struct pending_event {  // one outstanding event of a pending free
     event_handle event;
     block* owner;
@@ -176,6 +199,28 @@ class caching_allocator {
     block* prefix = nullptr;
     std::size_t chunks = 0;  // chunks to map at target's start
   };
+
+  // --- trace events (trace_buffer.cpp) ---
+  void record_trace_locked(trace_action action, std::uintptr_t address, std::size_t size, stream_handle stream,
+                           pool_id pool) {
+    if (listener_ != nullptr) trace_events_.push_back({action, address, size, stream, pool});
+  }
+  // Takes the recorded events, unlocks, and delivers them.
+  void deliver_trace_and_unlock();
+
+  // --- settings at run time ---
+  // Chunk and range sizes of expandable segments, once, when first enabled.
+  void init_expandable_locked();
+  // Recounts the oversize stats after max_split_bytes changed.
+  void recount_oversize_locked();
+  // Note [expandable segments switched off]: from `it`, the first block of
+  // `stream` that new requests may use.
+  template <typename iterator>
+  iterator skip_switched_off_locked(const free_block_set& set, iterator it, stream_handle stream) const {
+    if (expandable_ || chunk_bytes_ == 0) return it;
+    while (it != set.end() && it->key.stream == stream && it->b->owner->expandable) ++it;
+    return it;
+  }
 
   void* allocate_locked(std::size_t bytes, stream_handle stream, pool_id pool);
   block* find_free_block_locked(free_block_set& pool, std::size_t rounded, stream_handle stream);
@@ -243,7 +288,7 @@ class caching_allocator {
       pool.decrease(-delta);
     }
   }
-  [[noreturn]] void raise_oom_locked(std::size_t requested);
+  [[noreturn]] void raise_oom_locked(std::size_t requested, stream_handle stream = 0, pool_id pool = 0);
   std::string describe_unknown_pointer_locked(const void* ptr) const;
   block* new_block_locked();
   void delete_block_locked(block* b);
@@ -252,9 +297,17 @@ class caching_allocator {
   void for_each_free_set_locked(fn&& visit) const;
 
   device_backend& backend_;
-  const allocator_config config_;
-  const size_policy policy_;
+  allocator_config config_;  // update_config changes some fields
+  size_policy policy_;       // reads config_
   mutable adaptive_mutex mutex_;
+  // Note [trace delivery]: the listener and the events of the call under
+  // way, both guarded by mutex_; and the deliveries running outside it, one
+  // entry (its listener) each, guarded by delivery_mutex_.
+  trace_listener* listener_ = nullptr;
+  std::vector<trace_event> trace_events_;
+  std::mutex delivery_mutex_;
+  std::condition_variable delivery_done_;
+  std::vector<trace_listener*> delivering_;
   event_pool events_;
   node_recycler set_nodes_;  // before the pools: they return nodes to it
   std::size_t device_total_bytes_ = 0;

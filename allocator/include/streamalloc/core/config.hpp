@@ -31,6 +31,14 @@ struct allocator_config {
   std::size_t max_non_split_rounding_bytes = 20_MiB;
   // Round requests to 1/N power-of-two steps above min (0 = off), as torch.
   unsigned roundup_power2_divisions = 0;
+  // torch's list form of roundup_power2_divisions ("[256:1,512:2,>:8]"):
+  // k_roundup_intervals entries, entry i for requests in [2^i, 2^(i+1)) MiB
+  // (the first also below 1 MiB, the last also beyond). Empty: every
+  // request uses roundup_power2_divisions.
+  std::vector<unsigned> roundup_power2_intervals;
+  static constexpr std::size_t k_roundup_intervals = 16;
+  // The divisions that apply to a request of `bytes`.
+  unsigned roundup_divisions_for(std::size_t bytes) const;
   // Note [cross-stream reuse]: hand a free block cached for stream A to
   // stream B by making B wait on A's event, instead of growing.
   bool cross_stream_reuse = true;
@@ -74,6 +82,12 @@ struct allocator_config {
   // Throws config_error if a field is out of range or fields disagree
   // (for configs built in code; parse() and with() already check).
   void validate() const;
+
+  // Throws usage_error naming the first field that `next` changes and that
+  // cannot change while memory is live (caching_allocator::update_config).
+  // Only max_split_bytes, max_non_split_rounding_bytes, the roundup
+  // divisions, garbage_collection_threshold and expandable_segments can.
+  void check_run_time_update(const allocator_config& next) const;
 
   // The valid keys with a one-line description each (README and errors).
   struct key_doc {

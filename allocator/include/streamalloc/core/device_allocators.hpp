@@ -36,7 +36,14 @@ class device_allocators {
   // second call replaces it.
   using creation_hook = std::function<void(int device, caching_allocator& allocator)>;
   void set_creation_hook(creation_hook hook);
-  const allocator_config& config() const { return config_; }
+  // The settings allocators are created with (a copy: update_config may
+  // change them).
+  allocator_config config() const;
+  // torch.cuda.memory._set_allocator_settings: applies the run-time keys
+  // (caching_allocator::update_config) to every allocator already created
+  // and to those created later. All or nothing: usage_error or
+  // config_error leaves every allocator as it was.
+  void update_config(const allocator_config& config);
 
  private:
   struct slot {
@@ -46,6 +53,9 @@ class device_allocators {
     std::atomic<caching_allocator*> published{nullptr};  // read by find() without the once_flag
   };
   backend_factory factory_;
+  // Guards config_, and is held while an allocator is created and
+  // published, so update_config reaches every allocator exactly once.
+  mutable std::mutex config_mutex_;
   allocator_config config_;
   std::mutex hook_mutex_;
   creation_hook hook_;

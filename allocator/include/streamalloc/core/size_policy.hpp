@@ -11,9 +11,10 @@ namespace streamalloc {
 class size_policy {
  public:
   // `expandable`: whether the default pool is made of expandable segments
-  // (private pools always use plain ones).
+  // (private pools always use plain ones). `config` must outlive the policy,
+  // which reads its current values (caching_allocator::update_config).
   size_policy(const allocator_config& config, bool expandable)
-      : config_(config),
+      : config_(&config),
         plain_small_bytes_(config.small_request_bytes_for(false)),
         default_pool_small_bytes_(config.small_request_bytes_for(expandable)) {}
 
@@ -30,14 +31,14 @@ class size_policy {
   // worth splitting off. In an expandable segment every remainder is: it
   // coalesces with its neighbours instead of being stranded in a segment.
   bool should_split(std::size_t block_size, std::size_t rounded, bool small, bool expandable) const;
-  bool is_oversize(std::size_t bytes) const { return bytes >= config_.max_split_bytes; }
+  bool is_oversize(std::size_t bytes) const { return bytes >= config_->max_split_bytes; }
   // Whether a cached block of `block_size` may serve `rounded` at all.
   bool may_reuse(std::size_t block_size, std::size_t rounded) const;
 
  private:
-  const allocator_config& config_;
-  const std::size_t plain_small_bytes_;
-  const std::size_t default_pool_small_bytes_;
+  const allocator_config* config_;
+  std::size_t plain_small_bytes_;
+  std::size_t default_pool_small_bytes_;
 };
 
 }  // namespace streamalloc

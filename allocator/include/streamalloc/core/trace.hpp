@@ -40,7 +40,8 @@ class trace_listener {
  public:
   virtual ~trace_listener() = default;
   // Receives the events of one allocator call, in the order they happened.
-  // Runs without the allocator's lock held; it may call the allocator.
+  // Runs without the allocator's lock held; it may call the allocator. It
+  // must not throw: an exception it throws is dropped.
   virtual void on_trace(const trace_event* events, std::size_t count) = 0;
 };
 

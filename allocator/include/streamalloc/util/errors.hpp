@@ -12,12 +12,18 @@ namespace streamalloc {
 
 struct oom_context {
   std::size_t requested_bytes = 0;
+  // What torch's message calls the size it tried to allocate: the segment
+  // the rounded request needs (0: unknown, the requested bytes are shown).
+  std::size_t allocation_bytes = 0;
   std::size_t device_total_bytes = 0;
   std::size_t device_free_bytes = 0;
   std::size_t allocated_bytes = 0;
   std::size_t reserved_bytes = 0;
   std::size_t largest_free_block_bytes = 0;
   std::size_t allowed_bytes = 0;  // memory-fraction cap (device total when no cap)
+  // Free cached bytes of private pools (CUDA graphs, MemPools), which
+  // torch's message counts as allocated.
+  std::size_t private_pool_cached_bytes = 0;
   int device = 0;
 };
 
@@ -52,5 +58,11 @@ class device_failure : public std::runtime_error {
 
 // Human-readable byte count ("1.50 GiB") used in error messages and summaries.
 std::string format_bytes(std::size_t bytes);
+
+// torch's format_size, which the out-of-memory message uses so that scripts
+// parsing torch's message read ours: up to 1024 "N bytes", then KiB up to
+// 1 MiB, MiB up to 1 GiB, and GiB beyond (never a larger unit), with two
+// decimals ("1024.00 KiB" for exactly 1 MiB).
+std::string format_size(std::size_t bytes);
 
 }  // namespace streamalloc
