@@ -1,9 +1,11 @@
 // libFuzzer harness driving caching_allocator on the simulated device with a
 // sequence of operations decoded from the input: allocations of every size
 // class on several streams, frees (valid and invalid), stream uses, event
-// completion, empty_cache, memory fractions, private pools and injected
-// device faults. After every operation the invariant validator runs and the
-// stats must equal an independent recount from the snapshot.
+// completion, empty_cache, memory fractions, private pools (captures,
+// MemPools with use_on_oom and no_split, emptying one pool, checkpoints and
+// their restore) and injected device faults. After every operation the
+// invariant validator runs and the stats must equal an independent recount
+// from the snapshot.
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -118,6 +120,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   std::map<void*, std::size_t> live;  // pointer -> requested bytes
   std::vector<pool_id> capturing;
   std::map<pool_id, int> pool_uses;
+  std::map<pool_id, pool_checkpoint> checkpoints;
   const auto nth_live = [&](std::uint8_t b) {
     auto it = live.begin();
     std::advance(it, b % live.size());
@@ -127,7 +130,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   for (std::size_t op = 0; op < k_max_ops && !in.done(); ++op) {
     const std::uint8_t code = in.byte();
     try {
-      switch (code % 12) {
+      switch (code % 14) {
         case 0:
         case 1:
         case 2: {
@@ -193,7 +196,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
           break;
         case 9: {
           const std::uint8_t b = in.byte();
-          alloc.set_memory_fraction(b == 0 ? 1.0 : static_cast<double>(b) / 255.0);
+          alloc.set_memory_fraction(b == 0 ? 1.0 : static_cast<double>(b - 1) / 254.0);  // b == 1: 0
           break;
         }
         case 10: {
@@ -207,6 +210,55 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
           } else {
             sim.fail_nth(point, in.byte() % 8 + 1, fault);
           }
+          break;
+        }
+        case 12: {
+          // MemPools 1..3: create (or add a use) with options, or empty one
+          // pool's cache.
+          const std::uint8_t b = in.byte();
+          const pool_id id = b % 3 + 1;
+          if (b & 0x80) {
+            alloc.empty_cache(id);
+          } else {
+            alloc.create_or_incref_pool(id);
+            ++pool_uses[id];
+            if (b & 0x40) alloc.set_pool_use_on_oom(id, (b & 0x10) != 0);
+            if (b & 0x20) alloc.set_pool_no_split(id, (b & 0x08) != 0);
+          }
+          break;
+        }
+        case 13: {
+          // Checkpoint a pool, or restore its last checkpoint; a refused call
+          // is a usage_error that changes nothing.
+          const std::uint8_t b = in.byte();
+          const pool_id id = b % 3 + 1;
+          if (b & 0x80) {
+            checkpoints[id] = alloc.checkpoint_pool(id);
+            break;
+          }
+          auto cp = checkpoints.find(id);
+          if (cp == checkpoints.end()) break;
+          const auto before = alloc.stats().to_map();
+          pool_restore_result result;
+          try {
+            result = alloc.restore_pool(cp->second);
+          } catch (const usage_error&) {
+            if (alloc.stats().to_map() != before) die("a refused restore changed the stats", op);
+            throw;
+          }
+          for (void* p : result.freed) {
+            if (live.erase(p) != 1) die("restore freed a pointer that was not live", op);
+          }
+          std::vector<const void*> recorded;
+          for (const pool_checkpoint::segment_state& seg : cp->second.segments) {
+            for (const pool_checkpoint::block_state& blk : seg.blocks) {
+              if (!blk.allocated) continue;
+              live[reinterpret_cast<void*>(blk.address)] = blk.requested_size;
+              recorded.push_back(reinterpret_cast<const void*>(blk.address));
+            }
+          }
+          if (result.allocated.size() != recorded.size()) die("restore allocated other blocks than recorded", op);
+          if (!alloc.pool_allocations_match(id, recorded)) die("pool_allocations_match after restore", op);
           break;
         }
         default: {

@@ -507,9 +507,9 @@ TEST_CASE("caching_allocator: misuse throws usage_error and changes nothing", "[
     CHECK(f.alloc.owns(big));
     unchanged();
   }
-  SECTION("bad memory fractions") {
-    for (double bad :
-         {0.0, -0.5, 1.5, std::numeric_limits<double>::quiet_NaN(), std::numeric_limits<double>::infinity()}) {
+  SECTION("bad memory fractions (0 is allowed, as in torch)") {
+    for (double bad : {-0.5, -0.0001, 1.5, std::numeric_limits<double>::quiet_NaN(),
+                       std::numeric_limits<double>::infinity()}) {
       CAPTURE(bad);
       REQUIRE_THROWS_AS(f.alloc.set_memory_fraction(bad), usage_error);
       CHECK(f.alloc.memory_fraction() == 1.0);
@@ -574,7 +574,8 @@ TEST_CASE("caching_allocator: private pools keep their segments apart", "[cachin
   CHECK(reserved == static_cast<std::int64_t>(3 * 2_MiB));
   f.check_consistent();
 
-  SECTION("every begin counts a use; the memory returns when the last use is released and blocks are freed") {
+  SECTION("every begin counts a use; the memory returns once the last use is released, the blocks are freed and the cache "
+          "is emptied") {
     f.alloc.begin_allocate_to_pool(pool, [&](stream_handle s) { return s == f.s1; });
     void* again = f.alloc.allocate(4_KiB, f.s1);
     CHECK(in_segment_of(f, in_pool, again));  // reuses the pool's own cache
@@ -589,14 +590,26 @@ TEST_CASE("caching_allocator: private pools keep their segments apart", "[cachin
     f.alloc.end_allocate_to_pool(pool);
     f.alloc.release_pool(pool);
     f.alloc.release_pool(pool);  // no use left, but a block is live
+    CHECK(f.alloc.pool_use_count(pool) == 0);
+    f.alloc.empty_cache();
     CHECK(all(f.stats().reserved_bytes) == reserved);
     f.alloc.free(held);
+    // Note [released pools]: the emptied segment stays cached, as in torch...
+    CHECK(all(f.stats().reserved_bytes) == reserved);
+    f.check_consistent();
+    // ...until the cache is emptied.
+    f.alloc.empty_cache();
     CHECK(all(f.stats().reserved_bytes) == reserved - static_cast<std::int64_t>(2_MiB));
     CHECK(f.sim.live_segments() == 2);
+    CHECK(f.alloc.pool_use_count(pool) == 0);
     f.check_consistent();
   }
-  SECTION("release_pool with nothing live returns the memory at once") {
+  SECTION("release_pool keeps the pool's cache until empty_cache(pool), as torch does") {
     f.alloc.release_pool(pool);
+    CHECK(all(f.stats().reserved_bytes) == reserved);
+    CHECK(f.sim.live_segments() == 3);
+    f.check_consistent();
+    f.alloc.empty_cache(pool);
     CHECK(all(f.stats().reserved_bytes) == reserved - static_cast<std::int64_t>(2_MiB));
     CHECK(f.sim.live_segments() == 2);
     f.check_consistent();
@@ -622,6 +635,7 @@ TEST_CASE("caching_allocator: empty_cache keeps the cache of a private pool stil
   CHECK(snap.segments[0].pool == 9);
   f.check_consistent();
   f.alloc.release_pool(9);
+  f.alloc.empty_cache();
   CHECK(f.sim.used_bytes() == 0);
   f.check_consistent();
 }

@@ -325,6 +325,49 @@ TEST_CASE("oom ladder: memory_fraction from the config", "[oom_ladder]") {
   f.alloc.free(p);
 }
 
+TEST_CASE("oom ladder: memory_fraction 0 lets the cache serve and nothing grow, as in torch", "[oom_ladder]") {
+  sim_fixture f(manual_events(100_MiB), config_with(false));
+  void* a = f.alloc.allocate(4_KiB, f.s1);
+  void* big = f.alloc.allocate(30_MiB, f.s1);
+  f.alloc.free(big);
+  f.alloc.set_memory_fraction(0.0);
+  CHECK(f.alloc.memory_fraction() == 0.0);
+  const std::size_t segment_allocs = f.sim.counters().segment_allocs;
+
+  // Cached blocks still serve...
+  void* b = f.alloc.allocate(4_KiB, f.s1);
+  void* c = f.alloc.allocate(30_MiB, f.s1);
+  CHECK(c == big);
+  // ...but every request that needs a new segment fails, small or large.
+  for (std::size_t bytes : {std::size_t{1}, std::size_t{2_MiB}, std::size_t{30_MiB}}) {
+    CAPTURE(bytes);
+    try {
+      f.alloc.allocate(bytes, f.s2);
+      FAIL("grew under a memory fraction of 0");
+    } catch (const out_of_memory& e) {
+      CHECK(e.context().allowed_bytes == 0);
+    }
+  }
+  CHECK(f.sim.counters().segment_allocs == segment_allocs);
+  f.check_consistent();
+
+  SECTION("empty_cache still returns memory") {
+    f.alloc.free(c);
+    f.alloc.empty_cache();
+    CHECK(all(f.stats().reserved_bytes) == mib(2));
+    REQUIRE_THROWS_AS(f.alloc.allocate(30_MiB, f.s1), out_of_memory);
+    c = nullptr;
+  }
+  SECTION("a fraction above 0 lets it grow again") {
+    f.alloc.set_memory_fraction(0.5);
+    void* d = f.alloc.allocate(4_KiB, f.s2);
+    CHECK(d != nullptr);
+    f.alloc.free(d);
+  }
+  for (void* p : {a, b, c}) f.alloc.free(p);
+  f.check_consistent();
+}
+
 TEST_CASE("oom ladder: empty_cache returns every unused segment", "[oom_ladder]") {
   sim_fixture f(manual_events(), config_with(false));  // one segment per stream below
   void* keep_small = f.alloc.allocate(1000, f.s1);

@@ -1,8 +1,10 @@
 // Randomized differential test of caching_allocator against a reference
 // model of live and pending-free ranges: random sizes, streams, stream uses,
-// frees, event completions, empty_cache calls and injected segment
-// failures. Every returned range must be fresh sim device memory that
-// overlaps nothing live or pending, and the stats must match the model.
+// frees, event completions, empty_cache calls, injected segment failures and
+// private pools (captures, MemPools with use_on_oom and no_split, emptying
+// one pool, checkpoints and their restore). Every returned range must be
+// fresh sim device memory that overlaps nothing live or pending, and the
+// stats must match the model.
 // The untagged case is a quick smoke run; "[slow]" is the long run.
 #include <algorithm>
 #include <cmath>
@@ -10,6 +12,7 @@
 #include <cstdint>
 #include <map>
 #include <random>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -40,6 +43,12 @@ struct run_coverage {
   std::int64_t oversize_segments_peak = 0;
   std::size_t captures = 0;
   std::size_t deferred_frees = 0;
+  std::size_t checkpoints = 0;
+  std::size_t restores = 0;
+  std::size_t restored_frees = 0;  // allocations a restore ended
+  std::size_t refused_restores = 0;
+  std::size_t use_on_oom_loans = 0;
+  std::size_t pool_empties = 0;  // empty_cache(pool) calls that returned segments
 
   void add(const run_coverage& o) {
     allocations += o.allocations;
@@ -52,6 +61,12 @@ struct run_coverage {
     oversize_segments_peak = std::max(oversize_segments_peak, o.oversize_segments_peak);
     captures += o.captures;
     deferred_frees += o.deferred_frees;
+    checkpoints += o.checkpoints;
+    restores += o.restores;
+    restored_frees += o.restored_frees;
+    refused_restores += o.refused_restores;
+    use_on_oom_loans += o.use_on_oom_loans;
+    pool_empties += o.pool_empties;
   }
 };
 
@@ -104,6 +119,7 @@ class random_run {
     std::size_t requested;
     stream_handle stream;
     std::vector<stream_handle> uses;  // distinct, never the allocating stream
+    pool_id pool;
   };
   struct owned_range {
     std::uintptr_t end;
@@ -165,7 +181,8 @@ class random_run {
     } else if (pick < 14) {
       op_ = "set_memory_fraction";
       const double fractions[] = {0.5, 0.75, 1.0};
-      fraction_ = fractions[rng_() % 3];
+      // 0 now and then: nothing may grow, the cache still serves.
+      fraction_ = rng_() % 8 == 0 ? 0.0 : fractions[rng_() % 3];
       fixture_.alloc.set_memory_fraction(fraction_);
     } else if (pick < 18) {
       op_ = "reset_peak_stats";
@@ -186,6 +203,18 @@ class random_run {
       do_release_pool();
     } else if (pick < 54) {
       do_allocate(true);
+    } else if (pick < 58) {
+      op_ = "create_or_incref_pool";
+      do_create_mem_pool();
+    } else if (pick < 62) {
+      op_ = "checkpoint_pool";
+      do_checkpoint();
+    } else if (pick < 66) {
+      op_ = "restore_pool";
+      do_restore();
+    } else if (pick < 68) {
+      op_ = "empty_cache(pool)";
+      do_empty_cache_pool();
     } else if (pick < 120) {
       op_ = "complete events";
       do_complete();
@@ -275,11 +304,15 @@ class random_run {
     if (overlaps_busy(addr(p), block_size)) fail("returned range overlaps a live or pending-free range");
     if (fail_always && fixture_.sim.live_segments() > segments_before) fail("grew while segment allocation fails");
     check_stream_owner(addr(p), block_size, stream, reuses_before, waits_before);
-    if (full_check_) check_pool(addr(p), capture_pool_ != 0 && stream == capture_stream_ ? capture_pool_ : 0);
+    const pool_id expected = capture_pool_ != 0 && stream == capture_stream_ ? capture_pool_ : 0;
+    // A default-pool request may have taken a use_on_oom pool's block.
+    pool_id pool = expected;
+    if (full_check_ || (expected == 0 && !use_on_oom_pools_.empty())) pool = check_pool(addr(p), expected, block_size);
+    if (pool != expected) ++coverage_.use_on_oom_loans;
 
     ++coverage_.allocations;
     busy_.emplace(addr(p), block_size);
-    live_.push_back({addr(p), block_size, size, stream, {}});
+    live_.push_back({addr(p), block_size, size, stream, {}, pool});
     live_bytes_ += block_size;
     live_requested_ += size;
     check_model_stats();
@@ -326,18 +359,270 @@ class random_run {
     }
   }
 
-  // Private pools and the default pool never share segments.
-  void check_pool(std::uintptr_t address, pool_id expected) {
+  // Private pools and the default pool never share segments, except that a
+  // default-pool request may borrow from a use_on_oom pool; a no_split pool
+  // hands out whole segments. Returns the pool of the block.
+  pool_id check_pool(std::uintptr_t address, pool_id expected, std::size_t block_size) {
     const allocator_snapshot snap = fixture_.alloc.snapshot();
     const segment_info* seg = streamalloc::test::find_segment(snap, address);
     if (seg == nullptr) fail("no snapshot segment holds the new block");
-    if (seg->pool != expected) {
+    if (seg->pool != expected && !(expected == 0 && use_on_oom_pools_.count(seg->pool) != 0)) {
       fail("block from pool " + std::to_string(seg->pool) + ", expected pool " + std::to_string(expected));
     }
+    if (no_split_pools_.count(seg->pool) != 0 && seg->total_size != block_size) {
+      fail("a no_split pool split a segment");
+    }
+    return seg->pool;
+  }
+
+  bool held(pool_id id) const { return std::find(held_pools_.begin(), held_pools_.end(), id) != held_pools_.end(); }
+
+  // A held pool no capture is routing to, or 0.
+  pool_id quiet_held_pool() {
+    std::vector<pool_id> quiet;
+    for (pool_id id : held_pools_) {
+      if (id != capture_pool_) quiet.push_back(id);
+    }
+    return quiet.empty() ? 0 : quiet[rng_() % quiet.size()];
+  }
+
+  // MemPool(use_on_oom=?, no_split=?): one use, held until do_release_pool.
+  void do_create_mem_pool() {
+    const pool_id id = next_pool_++;
+    fixture_.alloc.create_or_incref_pool(id);
+    if (rng_() % 2 == 0) {
+      fixture_.alloc.set_pool_use_on_oom(id, true);
+      use_on_oom_pools_.insert(id);
+    }
+    if (rng_() % 3 == 0) {
+      fixture_.alloc.set_pool_no_split(id, true);
+      no_split_pools_.insert(id);
+    }
+    held_pools_.push_back(id);
+    mem_pools_.push_back(id);
+    if (fixture_.alloc.pool_use_count(id) != 1) fail("a new pool's use count is not 1");
+    // Often used at once: `with use_mem_pool(pool):` around a few
+    // allocations on one stream (begin, end, then release its use).
+    if (capture_pool_ != 0 || rng_() % 2 != 0) return;
+    capture_pool_ = id;
+    capture_stream_ = streams_[rng_() % streams_.size()];
+    const stream_handle captured = capture_stream_;
+    fixture_.alloc.begin_allocate_to_pool(id, [captured](stream_handle s) { return s == captured; });
+    held_pools_.push_back(id);
+    ++coverage_.captures;
+    for (std::uint64_t n = 1 + rng_() % 4; n > 0; --n) {
+      const std::size_t before = live_.size();
+      do_allocate(false);
+      // Temporaries die inside the block, leaving cached memory in the pool.
+      if (live_.size() > before && rng_() % 2 == 0) {
+        op_ = "free in a use_mem_pool block";
+        free_at(live_.size() - 1);
+      }
+    }
+    do_end_capture();
+    release_one_use(id);
+    op_ = "create_or_incref_pool";
+  }
+
+  void release_one_use(pool_id id) {
+    auto it = std::find(held_pools_.begin(), held_pools_.end(), id);
+    const int uses = fixture_.alloc.pool_use_count(id);
+    fixture_.alloc.release_pool(id);
+    held_pools_.erase(it);
+    if (fixture_.alloc.pool_use_count(id) != uses - 1) fail("release_pool did not drop one use");
+  }
+
+  static bool has_pending_block(const allocator_snapshot& snap, pool_id id) {
+    for (const segment_info& seg : snap.segments) {
+      if (seg.pool != id) continue;
+      for (const block_info& b : seg.blocks) {
+        if (b.state == block_state::active_pending_free) return true;
+      }
+    }
+    return false;
+  }
+
+  void do_checkpoint() {
+    const pool_id id = quiet_held_pool();
+    if (id != 0) checkpoint(id);
+  }
+
+  void checkpoint(pool_id id) {
+    const allocator_snapshot snap = fixture_.alloc.snapshot();
+    if (has_pending_block(snap, id)) {
+      try {
+        fixture_.alloc.checkpoint_pool(id);
+        fail("checkpoint_pool accepted a pool with a pending free");
+      } catch (const usage_error&) {
+      }
+      return;
+    }
+    pool_checkpoint cp = fixture_.alloc.checkpoint_pool(id);
+    // The checkpoint is the snapshot's view of the pool.
+    std::size_t i = 0;
+    for (const segment_info& seg : snap.segments) {
+      if (seg.pool != id) continue;
+      if (i >= cp.segments.size()) fail("checkpoint misses a segment of the pool");
+      const pool_checkpoint::segment_state& c = cp.segments[i++];
+      if (c.address != seg.address || c.size != seg.total_size || c.blocks.size() != seg.blocks.size()) {
+        fail("checkpoint segment differs from the snapshot");
+      }
+      for (std::size_t j = 0; j < c.blocks.size(); ++j) {
+        const block_info& b = seg.blocks[j];
+        const pool_checkpoint::block_state& cb = c.blocks[j];
+        if (cb.address != b.address || cb.size != b.size || cb.requested_size != b.requested_size ||
+            cb.stream != b.stream || cb.allocated != (b.state == block_state::active_allocated)) {
+          fail("checkpoint block differs from the snapshot");
+        }
+      }
+    }
+    if (i != cp.segments.size()) fail("checkpoint has segments the pool does not");
+    checkpoints_[id] = std::move(cp);
+    ++coverage_.checkpoints;
+  }
+
+  void do_restore() {
+    if (checkpoints_.empty()) return;
+    // Mostly a pool still held (graph trees restore live pools); else any,
+    // which is refused once its pool is released.
+    std::vector<pool_id> candidates;
+    for (const auto& [id, cp] : checkpoints_) {
+      if (held(id) && id != capture_pool_) candidates.push_back(id);
+    }
+    if (candidates.empty() || rng_() % 4 == 0) {
+      for (const auto& [id, cp] : checkpoints_) candidates.push_back(id);
+    }
+    auto it = checkpoints_.find(candidates[rng_() % candidates.size()]);
+    const pool_id id = it->first;
+    if (id == capture_pool_) return;
+    refresh_pending();
+    const auto stats_before = fixture_.stats().to_map();
+    const bool pending = has_pending_block(fixture_.alloc.snapshot(), id);
+    if (!held(id) || pending) {
+      // Released (its segments may be gone) or waiting on events: refused.
+      try {
+        fixture_.alloc.restore_pool(it->second);
+        fail("restore_pool accepted a released pool or one with a pending free");
+      } catch (const usage_error&) {
+      }
+      if (fixture_.stats().to_map() != stats_before) fail("a refused restore changed the stats");
+      if (!held(id)) checkpoints_.erase(it);
+      ++coverage_.refused_restores;
+      return;
+    }
+    const pool_checkpoint& cp = it->second;
+    const pool_restore_result result = fixture_.alloc.restore_pool(cp);
+    ++coverage_.restores;
+
+    // Every live allocation of the pool ended; the model forgets them.
+    std::set<std::uintptr_t> freed;
+    for (void* p : result.freed) freed.insert(addr(p));
+    if (freed.size() != result.freed.size()) fail("restore reported a freed pointer twice");
+    std::size_t in_pool = 0;
+    for (std::size_t k = 0; k < live_.size();) {
+      const live_allocation a = live_[k];
+      if (a.pool != id) {
+        ++k;
+        continue;
+      }
+      ++in_pool;
+      if (freed.count(a.address) == 0) fail("restore did not end a live allocation of the pool");
+      live_[k] = live_.back();
+      live_.pop_back();
+      live_bytes_ -= a.block_size;
+      live_requested_ -= a.requested;
+      busy_.erase(a.address);
+      mark_freed(a.address, a.block_size, a.stream);
+    }
+    if (in_pool != freed.size()) fail("restore ended allocations the model does not know in the pool");
+    coverage_.restored_frees += in_pool;
+
+    // The checkpointed segments are as recorded: their owners follow it.
+    std::set<std::uintptr_t> made;
+    for (void* p : result.allocated) made.insert(addr(p));
+    const allocator_snapshot snap = fixture_.alloc.snapshot();
+    std::vector<const void*> expected_live;
+    for (const pool_checkpoint::segment_state& seg : cp.segments) {
+      free_owner_.erase(free_owner_.lower_bound(seg.address), free_owner_.lower_bound(seg.address + seg.size));
+      for (const pool_checkpoint::block_state& b : seg.blocks) {
+        const block_info* now = streamalloc::test::find_block(snap, b.address);
+        // The checkpoint recorded a valid layout, so each block is back exactly.
+        if (now == nullptr || now->size != b.size || (now->state == block_state::active_allocated) != b.allocated) {
+          fail("restore did not recreate a checkpointed block");
+        }
+        if (!b.allocated) {
+          free_owner_[b.address] = {b.address + b.size, b.stream};
+          continue;
+        }
+        if (made.erase(b.address) != 1) fail("restore did not report a recreated allocation");
+        if (now->requested_size != b.requested_size || now->stream != b.stream) fail("restored block's details");
+        busy_.emplace(b.address, b.size);
+        live_.push_back({b.address, b.size, b.requested_size, b.stream, {}, id});
+        live_bytes_ += b.size;
+        live_requested_ += b.requested_size;
+        expected_live.push_back(reinterpret_cast<const void*>(b.address));
+      }
+    }
+    if (!made.empty()) fail("restore reported allocations the checkpoint does not have");
+    if (!fixture_.alloc.pool_allocations_match(id, expected_live)) fail("pool_allocations_match after restore");
+    check_model_stats();
+  }
+
+  void do_empty_cache_pool() {
+    // Mostly a released pool that still has segments (MemPool.__del__),
+    // else one in use or one that may be gone.
+    pool_id id = 0;
+    const std::uint64_t pick = rng_() % 4;
+    if (pick < 2) {
+      std::vector<pool_id> released;
+      for (const segment_info& seg : fixture_.alloc.snapshot().segments) {
+        if (seg.pool != 0 && !held(seg.pool)) released.push_back(seg.pool);
+      }
+      if (!released.empty()) id = released[rng_() % released.size()];
+    } else if (pick == 2) {
+      id = quiet_held_pool();
+    } else if (next_pool_ > 1) {
+      id = 1 + rng_() % (next_pool_ - 1);
+    }
+    if (id == 0) return;
+    const auto count_segments = [&](bool of_pool) {
+      std::size_t n = 0;
+      for (const segment_info& seg : fixture_.alloc.snapshot().segments) n += (seg.pool == id) == of_pool ? 1 : 0;
+      return n;
+    };
+    const std::size_t pool_before = count_segments(true);
+    const std::size_t others_before = count_segments(false);
+    fixture_.alloc.empty_cache(id);
+    // It waited for the pool's events only; a capture's group of events
+    // completes together (complete_partial_groups).
+    complete_partial_groups();
+    refresh_pending();
+    if (count_segments(false) != others_before) fail("empty_cache(pool) changed another pool");
+    if (capture_pool_ != 0 || fixture_.alloc.pool_use_count(id) > 0) {
+      if (count_segments(true) != pool_before) fail("empty_cache(pool) changed a pool still in use");
+      return;
+    }
+    for (const segment_info& seg : fixture_.alloc.snapshot().segments) {
+      if (seg.pool == id && seg.allocated_size == 0) fail("empty_cache(pool) kept an unused segment of the pool");
+    }
+    if (count_segments(true) < pool_before) ++coverage_.pool_empties;
   }
 
   void do_begin_capture() {
-    capture_pool_ = next_pool_++;
+    // A new graph pool, a MemPool still held (use_mem_pool), or any held
+    // pool (graphs sharing a pool).
+    pool_id shared = 0;
+    const std::uint64_t pick = rng_() % 4;
+    if (pick == 1 || pick == 2) {
+      std::vector<pool_id> held_mem_pools;
+      for (pool_id id : mem_pools_) {
+        if (held(id)) held_mem_pools.push_back(id);
+      }
+      if (!held_mem_pools.empty()) shared = held_mem_pools[rng_() % held_mem_pools.size()];
+    } else if (pick == 3) {
+      shared = quiet_held_pool();
+    }
+    capture_pool_ = shared != 0 ? shared : next_pool_++;
     const stream_handle captured = streams_[rng_() % streams_.size()];
     capture_stream_ = captured;
     fixture_.alloc.begin_allocate_to_pool(capture_pool_, [captured](stream_handle s) { return s == captured; });
@@ -366,20 +651,27 @@ class random_run {
     }
     deferred_.clear();
     deferred_uses_ = 0;
+    // Graph trees checkpoint the pool after each recording.
+    if (rng_() % 2 == 0) {
+      op_ = "checkpoint_pool after the capture";
+      checkpoint(id);
+    }
   }
 
   void do_release_pool() {
-    for (std::size_t i = 0; i < held_pools_.size(); ++i) {
-      if (held_pools_[i] == capture_pool_) continue;
-      fixture_.alloc.release_pool(held_pools_[i]);
-      held_pools_.erase(held_pools_.begin() + static_cast<std::ptrdiff_t>(i));
+    for (pool_id id : held_pools_) {
+      if (id == capture_pool_) continue;
+      release_one_use(id);
       return;
     }
   }
 
   void do_free() {
     if (live_.empty()) return;
-    const std::size_t k = rng_() % live_.size();
+    free_at(rng_() % live_.size());
+  }
+
+  void free_at(std::size_t k) {
     const live_allocation a = live_[k];
     live_[k] = live_.back();
     live_.pop_back();
@@ -482,9 +774,15 @@ class random_run {
     if (capture_pool_ != 0) return;
     if (!pending_.empty()) fail("empty_cache left pending frees unsynchronized");
     const allocator_snapshot snap = fixture_.alloc.snapshot();
+    std::set<pool_id> with_segments;
     for (const segment_info& seg : snap.segments) {
-      const bool held = std::find(held_pools_.begin(), held_pools_.end(), seg.pool) != held_pools_.end();
-      if (seg.allocated_size == 0 && !held) fail("empty_cache kept a segment without allocated blocks");
+      if (seg.allocated_size == 0 && !held(seg.pool)) fail("empty_cache kept a segment without allocated blocks");
+      with_segments.insert(seg.pool);
+    }
+    // A released pool without segments is gone for good: it lends nothing
+    // (and do_allocate need not look for loans from it).
+    for (auto it = use_on_oom_pools_.begin(); it != use_on_oom_pools_.end();) {
+      it = !held(*it) && with_segments.count(*it) == 0 ? use_on_oom_pools_.erase(it) : std::next(it);
     }
   }
 
@@ -567,9 +865,13 @@ class random_run {
   pool_id capture_pool_ = 0;  // 0: no capture underway
   stream_handle capture_stream_ = 0;
   pool_id next_pool_ = 1;
-  std::vector<pool_id> held_pools_;      // begun and not yet released
+  std::vector<pool_id> held_pools_;      // one entry per use not yet released
   std::vector<pending_range> deferred_;  // frees waiting for the capture to end
   std::size_t deferred_uses_ = 0;
+  std::vector<pool_id> mem_pools_;  // made by create_or_incref_pool
+  std::set<pool_id> use_on_oom_pools_;
+  std::set<pool_id> no_split_pools_;
+  std::map<pool_id, pool_checkpoint> checkpoints_;  // the latest of each pool
 };
 
 run_coverage run_seeds(std::uint64_t first_seed, std::uint64_t seed_count, std::size_t steps, std::size_t check_every) {
@@ -591,7 +893,10 @@ void check_coverage(const run_coverage& c, std::size_t steps) {
                       << ", cross-stream reuses " << c.cross_stream_reuses << ", alloc retries " << c.alloc_retries
                       << ", sync-all " << c.sync_all_streams << ", oversize segments peak " << c.oversize_segments_peak
                       << ", full checks " << c.full_checks << ", captures " << c.captures << ", deferred frees "
-                      << c.deferred_frees);
+                      << c.deferred_frees << ", checkpoints " << c.checkpoints << ", restores " << c.restores
+                      << " (ending " << c.restored_frees << " allocations, " << c.refused_restores
+                      << " refused), use_on_oom loans " << c.use_on_oom_loans << ", released pools emptied "
+                      << c.pool_empties);
   CHECK(c.allocations > steps / 4);
   CHECK(c.ooms > 0);
   CHECK(c.pending_frees > 0);
@@ -601,6 +906,12 @@ void check_coverage(const run_coverage& c, std::size_t steps) {
   CHECK(c.oversize_segments_peak > 0);
   CHECK(c.captures > 0);
   CHECK(c.deferred_frees > 0);
+  CHECK(c.checkpoints > 0);
+  CHECK(c.restores > 0);
+  CHECK(c.restored_frees > 0);
+  CHECK(c.refused_restores > 0);
+  CHECK(c.use_on_oom_loans > 0);
+  CHECK(c.pool_empties > 0);
 }
 
 }  // namespace

@@ -13,8 +13,9 @@
 // - Each allocation first reclaims completed pending frees, then tries the
 //   free list; when that misses, the OOM ladder runs (allocate_locked) and
 //   ends in out_of_memory carrying the numbers a user needs.
-// - Private pools serve CUDA graph captures and keep their memory until the
-//   graph is released.
+// - Private pools serve CUDA graph captures and torch.cuda.MemPool and keep
+//   their memory while in use; a released pool's stays cached until
+//   empty_cache (private_pools.cpp, Note [released pools]).
 #include "streamalloc/core/caching_allocator.hpp"
 
 #include <algorithm>
@@ -75,7 +76,7 @@ caching_allocator::~caching_allocator() {
   }
   release_ranges_at_exit();
   for (auto& [address, s] : segments_) {
-    if (!s->expandable) backend_.free_segment(reinterpret_cast<void*>(s->address), s->size);
+    if (!s->expandable) free_segment_locked(s);
     block* b = s->first;
     while (b != nullptr) {
       block* next = b->next;
@@ -100,7 +101,7 @@ void* caching_allocator::allocate(std::size_t bytes, stream_handle stream) {
 void* caching_allocator::allocate_locked(std::size_t bytes, stream_handle stream, pool_id pool) {
   // A pool released between routing and locking (or while its capture is
   // still underway) serves nothing new: the request goes to the default pool.
-  if (pool != 0 && private_pools_.find(pool) == private_pools_.end()) pool = 0;
+  if (pool != 0 && !pool_in_use_locked(pool)) pool = 0;
   std::size_t rounded = 0;
   if (!policy_.round(bytes, &rounded)) raise_oom_locked(bytes, stream, pool);
   free_block_set& free_set = pool_for_locked(pool, policy_.is_small(rounded, pool == 0));
@@ -133,6 +134,9 @@ void* caching_allocator::allocate_locked(std::size_t bytes, stream_handle stream
       }
     }
     found = grow_any_locked(rounded, stream, pool, capturing);
+    // Before anything is released, a default-pool request may take a cached
+    // block of a pool marked use_on_oom (Note [use_on_oom pools]).
+    if (found == nullptr && pool == 0) found = take_from_use_on_oom_pools_locked(rounded, stream);
   }
 
   // Stage 5: release cached oversize blocks (whole segments) and grow again.
@@ -207,7 +211,7 @@ block* caching_allocator::grow_locked(std::size_t rounded, stream_handle stream,
   if (segment_bytes > allowed_bytes_ || reserved > allowed_bytes_ - segment_bytes) return nullptr;
 
   void* ptr = nullptr;
-  const status st = backend_.allocate_segment(segment_bytes, &ptr);
+  const status st = allocate_segment_locked(segment_bytes, stream, pool, &ptr);
   if (!st) {
     if (st.code() == status_code::out_of_memory) return nullptr;
     throw device_failure("streamalloc: device " + std::to_string(backend_.device_index()) +
@@ -241,7 +245,9 @@ block* caching_allocator::grow_locked(std::size_t rounded, stream_handle stream,
 void caching_allocator::take_block_locked(block* b, std::size_t rounded, std::size_t requested,
                                           stream_handle remainder_stream) {
   segment* s = b->owner;
-  if (policy_.should_split(b->size, rounded, s->is_small, s->expandable)) {
+  // A no_split pool hands out whole segments (torch's MemPool no_split).
+  const bool may_split = s->pool == 0 || !pool_no_split_locked(s->pool);
+  if (may_split && policy_.should_split(b->size, rounded, s->is_small, s->expandable)) {
     block* rest = new_block_locked();
     rest->address = b->address + rounded;
     rest->size = b->size - rounded;
@@ -401,8 +407,6 @@ void caching_allocator::return_to_pool_locked(block* b) {
     delete_block_locked(next);
   }
   insert_free_locked(merged);
-  // A released private pool gives memory back as soon as a segment empties.
-  if (s->pool != 0 && pool_releasable_locked(s->pool) && segment_unused(s)) release_segment_locked(s);
 }
 
 void caching_allocator::insert_free_locked(block* b) {
@@ -473,7 +477,7 @@ void caching_allocator::release_unused_segments_locked() {
 }
 
 bool caching_allocator::release_segment_locked(segment* s) {
-  if (!backend_.free_segment(reinterpret_cast<void*>(s->address), s->size)) return false;
+  if (!free_segment_locked(s)) return false;
   record_trace_locked(trace_action::segment_free, s->address, s->size, s->stream, s->pool);
   for (block* b = s->first; b != nullptr;) {
     block* next = b->next;
@@ -508,8 +512,10 @@ bool caching_allocator::pool_releasable_locked(pool_id pool) const {
 }
 
 void caching_allocator::set_memory_fraction(double fraction) {
-  if (!(fraction > 0.0 && fraction <= 1.0)) {
-    throw usage_error("streamalloc: memory fraction must be in (0, 1], got " + std::to_string(fraction));
+  // 0 is allowed, as in torch: nothing new may be reserved, cached memory
+  // still serves.
+  if (!(fraction >= 0.0 && fraction <= 1.0)) {
+    throw usage_error("streamalloc: memory fraction must be in [0, 1], got " + std::to_string(fraction));
   }
   std::lock_guard<adaptive_mutex> lock(mutex_);
   set_fraction_locked(fraction);
@@ -595,17 +601,8 @@ void caching_allocator::release_pool(pool_id id) {
   if (it == private_pools_.end() || it->second.use_count == 0) {
     throw usage_error("streamalloc: private pool " + std::to_string(id) + " is not in use");
   }
-  if (--it->second.use_count > 0) return;
-  if (it->second.segments == 0) {
-    private_pools_.erase(it);
-    return;
-  }
-  // Only this pool's memory: the default pool's cache stays warm.
-  for (auto seg = segments_.begin(); seg != segments_.end();) {
-    segment* s = seg->second;
-    ++seg;  // release_segment_locked erases s (and, with its last segment, the pool)
-    if (s->pool == id && segment_unused(s)) release_segment_locked(s);
-  }
+  // Note [released pools]: the cached segments stay until empty_cache.
+  if (--it->second.use_count == 0 && it->second.segments == 0) private_pools_.erase(it);
 }
 
 void caching_allocator::finish_deferred_frees_locked() {

@@ -31,6 +31,8 @@
 
 namespace streamalloc {
 
+class trace_listener;  // streamalloc/core/trace.hpp
+
 class caching_allocator {
  public:
   // Chooses the streams whose allocations go to a private pool (capture).
@@ -52,8 +54,10 @@ class caching_allocator {
   void record_stream(void* ptr, stream_handle stream);
   // Returns every unused cached segment to the device.
   void empty_cache();
-  // Returns only private pool `id`'s unused cached segments (id 0: the
-  // default pool's), as torch's emptyCache(mempool_id).
+  // torch's emptyCache(mempool_id): for a private pool whose uses are all
+  // released, waits for its pending frees and returns its unused cached
+  // segments; a pool still in use (or unknown) keeps everything. id 0 is
+  // empty_cache().
   void empty_cache(pool_id id);
   // Lets `peer_device` read and write this allocator's expandable-segment
   // memory, mapped now or later (plain segments need no grant). Throws
@@ -69,30 +73,39 @@ class caching_allocator {
   // `filter` come from private pool `id` (created on first use, counted).
   void begin_allocate_to_pool(pool_id id, stream_filter filter);
   void end_allocate_to_pool(pool_id id);
-  // Drops one use of pool `id`; at zero its memory returns to the device as
-  // soon as its blocks are freed.
+  // Drops one use of pool `id`. At zero the pool serves no new request and
+  // its unused cached segments return to the device at the next
+  // empty_cache() or empty_cache(id), or when the OOM ladder releases memory
+  // (Note [released pools], as torch keeps a destroyed graph's memory).
   void release_pool(pool_id id);
 
   // --- private pools shared by torch.cuda.MemPool and graph trees ---
-  // Creates pool `id` with one use, or adds a use to it. With a `source`
-  // (only when the pool is created) the pool's segments come from it
-  // instead of the device backend.
+  // Creates pool `id` with one use, or adds a use to it (begin_allocate_to_pool
+  // adds one too; release_pool drops one). With a `source` (only when the
+  // pool is created) the pool's segments come from it instead of the device
+  // backend; such a pool, like every private pool, uses plain segments.
   void create_or_incref_pool(pool_id id, std::shared_ptr<segment_source> source = nullptr);
   // Uses of pool `id` still held (0 for a pool that does not exist).
   int pool_use_count(pool_id id) const;
   // A default-pool request that would fail with out_of_memory first tries
   // the free blocks of pools marked use_on_oom (torch's MemPool use_on_oom).
+  // Throws usage_error for a pool that does not exist.
   void set_pool_use_on_oom(pool_id id, bool use_on_oom);
   // Blocks of pool `id` are never split: each allocation takes a whole
-  // segment of its own (torch's MemPool no_split).
+  // segment of its own (torch's MemPool no_split). Throws usage_error for a
+  // pool that does not exist.
   void set_pool_no_split(pool_id id, bool no_split);
   // The block layout of pool `id` (Note [pool checkpoints]); throws
-  // usage_error while a block of the pool awaits stream events.
+  // usage_error while a block of the pool awaits stream events, and for a
+  // pool that is unknown or released.
   pool_checkpoint checkpoint_pool(pool_id id) const;
   // Frees every allocation of the checkpoint's pool, then allocates the
-  // blocks the checkpoint records as allocated, at their addresses.
+  // blocks the checkpoint records as allocated, at their addresses. Throws
+  // usage_error, changing nothing, when the pool is unknown or released, a
+  // block of it awaits stream events, or a checkpointed segment is gone.
   pool_restore_result restore_pool(const pool_checkpoint& state);
-  // Whether the live allocations of pool `id` are exactly `expected`.
+  // Whether the live allocations of pool `id` are exactly `expected`
+  // (usage_error for an unknown pool).
   bool pool_allocations_match(pool_id id, const std::vector<const void*>& expected) const;
 
   // --- memory history ---
@@ -115,7 +128,8 @@ class caching_allocator {
 
   // --- CUDA IPC ---
   // The memory torch shares for the live allocation at `ptr`: the whole
-  // plain segment holding it, or the mapped chunks under it.
+  // plain segment holding it, or the mapped chunks under it. Throws
+  // usage_error when `ptr` is not the start of a live allocation.
   struct shareable_range {
     std::uintptr_t address = 0;  // start of the shared range
     std::size_t size = 0;
@@ -161,8 +175,11 @@ class caching_allocator {
   struct private_pool {
     explicit private_pool(node_recycler* recycler) : free(recycler) {}
     pool_pair free;
-    int use_count = 0;  // captures/graphs still holding the pool
+    int use_count = 0;  // captures, graphs and MemPools still holding the pool
     std::size_t segments = 0;
+    std::shared_ptr<segment_source> source;  // nullptr: segments come from the backend
+    bool use_on_oom = false;
+    bool no_split = false;
   };
   struct capture {
     pool_id id;
@@ -277,6 +294,21 @@ class caching_allocator {
   pool_id route_capture(stream_handle stream);
   void finish_deferred_frees_locked();
   void set_fraction_locked(double fraction);
+
+  // --- private pools shared with MemPool and graph trees (private_pools.cpp) ---
+  bool pool_in_use_locked(pool_id pool) const;
+  bool pool_no_split_locked(pool_id pool) const;
+  // A plain segment from the pool's segment_source, or else the backend.
+  status allocate_segment_locked(std::size_t bytes, stream_handle stream, pool_id pool, void** out);
+  bool free_segment_locked(const segment* s);
+  block* take_from_use_on_oom_pools_locked(std::size_t rounded, stream_handle stream);
+  void synchronize_pool_events_locked(pool_id pool);
+  // The existing segments `state` names, after checking it can be restored.
+  std::vector<segment*> restorable_segments_locked(const pool_checkpoint& state) const;
+  // Ends an allocation that restore_pool declares dead: no events, no uses.
+  void end_allocation_locked(block* b);
+  void mark_allocated_locked(block* b, std::size_t requested);
+  void rebuild_segment_locked(segment* s, const pool_checkpoint::segment_state& state, pool_restore_result* out);
   // Adds to (or, negative, takes from) the "all" entry and the segment's pool entry.
   static void update_stat(stat_array& array, const segment* s, std::int64_t delta) {
     stat_counter& pool = array[s->is_small ? 1 : 2];
