@@ -449,8 +449,13 @@ void torch_allocator::init(int /*device_count*/) {
   guarded([&] {
     // Creating the allocator set here surfaces a missing driver at torch's
     // CUDA initialisation rather than at the first allocation.
-    process_allocators().set_creation_hook(
-        [this](int device, caching_allocator& allocator) { history_.connect(device, allocator); });
+    // PYTORCH_CUDA_ALLOC_CONF's per_process_memory_fraction, which torch
+    // parsed at start-up, caps streamalloc's devices as it would torch's.
+    const double torch_fraction = cca::CUDAAllocatorConfig::per_process_memory_fraction();
+    process_allocators().set_creation_hook([this, torch_fraction](int device, caching_allocator& allocator) {
+      if (torch_fraction < 1.0) allocator.set_memory_fraction(torch_fraction);
+      history_.connect(device, allocator);
+    });
   });
   initialized_ = true;
 }
@@ -567,11 +572,6 @@ void torch_allocator::recordHistory(bool enabled, c10::CachingDeviceAllocator::C
                                     std::size_t alloc_trace_max_entries, record_context when, bool clear_history,
                                     const std::vector<std::string>& skip_actions) {
   guarded([&] {
-    // Allocators that exist get connected now, later ones when created.
-    if (process_allocators_created()) {
-      process_allocators().set_creation_hook(
-          [this](int device, caching_allocator& allocator) { history_.connect(device, allocator); });
-    }
     history_.record(enabled, context_recorder, alloc_trace_max_entries, when, clear_history, skip_actions);
   });
 }

@@ -271,10 +271,10 @@ constexpr key_handler k_handlers[] = {
      "growing (default True).",
      [](allocator_config& c, std::string_view v) { c.cross_stream_reuse = parse_bool("cross_stream_reuse", v); },
      [](const allocator_config& c) { return std::string(c.cross_stream_reuse ? "True" : "False"); }},
-    {"memory_fraction", "Caps reserved memory at this fraction of device memory, 0 < x <= 1 (default 1).",
+    {"memory_fraction", "Caps reserved memory at this fraction of device memory, 0 <= x <= 1 (default 1; 0 reserves nothing).",
      [](allocator_config& c, std::string_view v) {
-       const double x = parse_real("memory_fraction", v, "in (0, 1]");
-       if (!(x > 0.0 && x <= 1.0)) fail_value("memory_fraction", v, "a decimal number in (0, 1]");
+       const double x = parse_real("memory_fraction", v, "in [0, 1]");
+       if (!(x >= 0.0 && x <= 1.0)) fail_value("memory_fraction", v, "a decimal number in [0, 1]");
        c.memory_fraction = x;
      },
      [](const allocator_config& c) { return render_real(c.memory_fraction); }},
