@@ -255,16 +255,18 @@ TEST_CASE("config: per-key ranges", "[config]") {
           8_MiB);
     CHECK(contains(parse_error("max_split_size_mb:40,large_segment_mb:64"), "must be at least large_segment_mb"));
   }
-  SECTION("memory_fraction is in (0, 1]") {
+  SECTION("memory_fraction is in [0, 1], as torch's") {
     CHECK(allocator_config::parse("memory_fraction:1").memory_fraction == 1.0);
     CHECK(allocator_config::parse("memory_fraction:1.0").memory_fraction == 1.0);
     CHECK(allocator_config::parse("memory_fraction:0.001").memory_fraction == 0.001);
     CHECK(allocator_config::parse("memory_fraction:5e-1").memory_fraction == 0.5);
-    for (const char* v : {"0", "0.0", "-0.5", "1.01", "2", "nan", "inf", "0.5x", "abc", "+0.5", "."}) {
+    CHECK(allocator_config::parse("memory_fraction:0").memory_fraction == 0.0);
+    CHECK(allocator_config::parse("memory_fraction:0.0").memory_fraction == 0.0);
+    for (const char* v : {"-0.5", "1.01", "2", "nan", "inf", "0.5x", "abc", "+0.5", "."}) {
       INFO(v);
       const std::string e = parse_error(std::string("memory_fraction:") + v);
       CHECK(contains(e, "memory_fraction"));
-      CHECK(contains(e, "(0, 1]"));
+      CHECK(contains(e, "[0, 1]"));
     }
   }
   SECTION("garbage_collection_threshold is in (0, 1), 0 = off") {

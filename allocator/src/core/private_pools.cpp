@@ -138,7 +138,7 @@ void caching_allocator::empty_cache(pool_id id) {
     empty_cache();
     return;
   }
-  std::lock_guard<adaptive_mutex> lock(mutex_);
+  locked_call call(*this);
   // As empty_cache(): a capture may neither synchronize nor free memory.
   if (capture_count_.load(std::memory_order_relaxed) != 0) return;
   auto it = private_pools_.find(id);
@@ -221,7 +221,7 @@ pool_checkpoint caching_allocator::checkpoint_pool(pool_id id) const {
 }
 
 pool_restore_result caching_allocator::restore_pool(const pool_checkpoint& state) {
-  std::lock_guard<adaptive_mutex> lock(mutex_);
+  locked_call call(*this);
   const std::vector<segment*> targets = restorable_segments_locked(state);
   pool_restore_result out;
   std::vector<block*> live;
@@ -284,6 +284,7 @@ void caching_allocator::end_allocation_locked(block* b) {
   update_stat(stats_.requested_bytes, s, -static_cast<std::int64_t>(b->requested_size));
   if (policy_.is_oversize(b->size)) stats_.oversize_allocations.decrease(1);
   b->stream_uses.clear();
+  record_trace_locked(trace_action::free_requested, b->address, b->size, b->stream, s->pool);
   return_to_pool_locked(b);
 }
 
@@ -300,6 +301,7 @@ void caching_allocator::mark_allocated_locked(block* b, std::size_t requested) {
   update_stat(stats_.active_bytes, s, size);
   update_stat(stats_.requested_bytes, s, static_cast<std::int64_t>(requested));
   if (policy_.is_oversize(b->size)) stats_.oversize_allocations.increase(1);
+  record_trace_locked(trace_action::alloc, b->address, b->size, b->stream, s->pool);
 }
 
 void caching_allocator::rebuild_segment_locked(segment* s, const pool_checkpoint::segment_state& state,
