@@ -428,32 +428,42 @@ replay_device open_device(options* opts, std::vector<trace_event>& events) {
 }
 
 // The --timeline file, opened before anything is replayed so a path that
-// cannot be written fails at once with the system's reason. It is removed
-// again unless commit() is reached: no half-written timeline is left.
+// cannot be written fails at once with the system's reason. A file this
+// tool created is removed again unless commit() is reached, so no
+// half-written timeline is left; a file that was there before (or a device
+// such as /dev/stdout) is never removed.
 class timeline_file {
  public:
   explicit timeline_file(const std::string& path) : path_(path) {
+    std::error_code ignored;
+    created_ = !std::filesystem::exists(std::filesystem::symlink_status(path, ignored));
+    errno = 0;
     file_ = std::fopen(path.c_str(), "w");
-    if (file_ == nullptr) throw timeline_failure(path, "cannot open for writing", errno);
+    const int errnum = errno;
+    if (file_ == nullptr) throw timeline_failure(path, "cannot open for writing", errnum);
   }
   ~timeline_file() {
     if (file_ == nullptr) return;
     std::fclose(file_);
-    std::remove(path_.c_str());
+    discard();
   }
   timeline_file(const timeline_file&) = delete;
   timeline_file& operator=(const timeline_file&) = delete;
 
   std::FILE* get() const { return file_; }
 
+  // Closes the file; throws timeline_failure when any write failed.
   void commit() {
     const bool write_error = std::ferror(file_) != 0;
-    const int saved = errno;
+    const int write_errnum = errno;  // set by the failed write, if one failed
     std::FILE* file = file_;
     file_ = nullptr;
-    if (std::fclose(file) != 0 || write_error) {
-      std::remove(path_.c_str());
-      throw timeline_failure(path_, "error writing", write_error ? saved : errno);
+    errno = 0;
+    const bool close_error = std::fclose(file) != 0;
+    const int errnum = write_error ? write_errnum : errno;
+    if (write_error || close_error) {
+      discard();
+      throw timeline_failure(path_, "error writing", errnum);
     }
   }
 
@@ -464,8 +474,13 @@ class timeline_file {
   };
 
  private:
+  void discard() const {
+    if (created_) std::remove(path_.c_str());
+  }
+
   std::string path_;
   std::FILE* file_ = nullptr;
+  bool created_ = false;  // the file did not exist before
 };
 
 // Replays `events` again, untimed, on a fresh allocator and writes the

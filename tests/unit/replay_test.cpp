@@ -502,12 +502,29 @@ TEST_CASE("streamalloc-replay --timeline fails before replaying when the file ca
     // 3 allocs and 2 frees: a header and five rows.
     CHECK(std::count(written.begin(), written.end(), '\n') == 6);
   }
-  SECTION("a replay that fails leaves no timeline behind") {
+  SECTION("a replay that fails leaves no timeline behind, and no file it did not create is removed") {
     const std::string target = (dir.path() / "timeline.csv").string();
     const command_result run = run_replay("--capacity 500K --timeline " + quote(target) + " " + trace);
     INFO(run.output);
     CHECK(run.exit_code == 1);
     CHECK_FALSE(fs::exists(target));
+
+    const std::string existing = dir.write("existing.csv", "old content\n");
+    const command_result again = run_replay("--capacity 500K --timeline " + quote(existing) + " " + trace);
+    CHECK(again.exit_code == 1);
+    CHECK(fs::exists(existing));
+  }
+  SECTION("a write that fails is reported with the system's reason") {
+    if (!fs::exists("/dev/full")) {
+      WARN("skipped: no /dev/full on this system");
+      return;
+    }
+    const command_result run = run_replay("--timeline /dev/full " + trace);
+    INFO(run.output);
+    CHECK(run.exit_code == 1);
+    CHECK(run.output.find("streamalloc-replay: --timeline /dev/full: error writing: No space left on device") !=
+          std::string::npos);
+    CHECK(fs::exists("/dev/full"));
   }
 }
 
