@@ -9,11 +9,17 @@
 #include <stdexcept>
 #include <string>
 
+#include "streamalloc/util/json_writer.hpp"
+
 namespace streamalloc::bench {
 namespace {
 
 constexpr const char* k_reference = "torch_native";
 constexpr const char* k_ours = "streamalloc";
+// Digits after the point in the JSON: nanoseconds to 1/1000 ns; million
+// pairs a second to a pair a second (slow allocators make a few thousand).
+constexpr int k_ns_decimals = 3;
+constexpr int k_mpairs_decimals = 6;
 
 std::string format(const char* spec, double value) {
   char buffer[64];
@@ -71,30 +77,11 @@ std::string heading(const std::string& pattern, const run_info& info) {
          "ordered on its block's stream). Median time per pair [p10, p90].";
 }
 
-void json_string(std::ostream& out, const std::string& text) {
-  out << '"';
-  for (const char c : text) {
-    switch (c) {
-      case '"': out << "\\\""; break;
-      case '\\': out << "\\\\"; break;
-      case '\n': out << "\\n"; break;
-      case '\t': out << "\\t"; break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          char escaped[8];
-          std::snprintf(escaped, sizeof escaped, "\\u%04x", static_cast<unsigned>(static_cast<unsigned char>(c)));
-          out << escaped;
-        } else {
-          out << c;
-        }
-    }
-  }
-  out << '"';
-}
-
-void json_summary(std::ostream& out, const summary& s) {
-  out << "{\"median\": " << s.median << ", \"p10\": " << s.p10 << ", \"p90\": " << s.p90 << ", \"min\": " << s.min
-      << ", \"max\": " << s.max << "}";
+void json_summary(json_writer& w, const summary& s, int decimals) {
+  w.begin_object();
+  w.key("median").value(s.median, decimals).key("p10").value(s.p10, decimals);
+  w.key("p90").value(s.p90, decimals).key("min").value(s.min, decimals).key("max").value(s.max, decimals);
+  w.end_object();
 }
 
 }  // namespace
@@ -157,54 +144,42 @@ void print_tables(const run_info& info, const std::vector<measurement>& results)
 void write_json(const std::string& path, const run_info& info, const std::vector<measurement>& results) {
   std::ofstream out(path);
   if (!out) throw std::runtime_error("cannot write " + path);
-  out.precision(6);
-  out << "{\"tool\": \"streamalloc-bench\", \"device\": ";
-  json_string(out, info.device);
-  out << ", \"mode\": ";
-  json_string(out, info.mode);
-  out << ", \"thread_streams\": ";
-  json_string(out, info.thread_streams);
-  out << ", \"thread_workload\": ";
-  json_string(out, info.thread_workload);
-  out << ", \"seed\": " << info.seed << ",\n \"plan\": {\"reps\": " << info.plan.reps
-      << ", \"warmup_reps\": " << info.plan.warmup_reps << ", \"pairs_per_rep\": " << info.plan.pairs_per_rep
-      << ", \"thread_pairs_per_rep\": " << info.plan.thread_pairs_per_rep
-      << ", \"slow_divisor\": " << info.plan.slow_divisor << ", \"slow_max_reps\": " << info.plan.slow_max_reps
-      << "},\n \"allocators\": {";
-  for (std::size_t i = 0; i < info.settings.size(); ++i) {
-    out << (i == 0 ? "" : ", ");
-    json_string(out, info.settings[i].first);
-    out << ": ";
-    json_string(out, info.settings[i].second);
-  }
-  out << "},\n \"notes\": [";
-  for (std::size_t i = 0; i < info.notes.size(); ++i) {
-    out << (i == 0 ? "" : ", ");
-    json_string(out, info.notes[i]);
-  }
-  out << "],\n \"results\": [";
-  for (std::size_t i = 0; i < results.size(); ++i) {
-    const measurement& m = results[i];
-    out << (i == 0 ? "\n  " : ",\n  ") << "{\"pattern\": ";
-    json_string(out, m.pattern);
-    out << ", \"case\": ";
-    json_string(out, m.label);
-    out << ", \"allocator\": ";
-    json_string(out, m.allocator);
-    out << ", \"bytes\": " << m.bytes << ", \"threads\": " << m.threads << ", \"reps\": " << m.reps
-        << ", \"pairs_per_rep\": " << m.pairs_per_rep;
+  json_writer w;
+  w.begin_object();
+  w.key("tool").value("streamalloc-bench").key("device").value(info.device).key("mode").value(info.mode);
+  w.key("thread_streams").value(info.thread_streams).key("thread_workload").value(info.thread_workload);
+  w.key("seed").value(static_cast<unsigned long long>(info.seed));
+  w.newline().key("plan").begin_object();
+  w.key("reps").value(info.plan.reps).key("warmup_reps").value(info.plan.warmup_reps);
+  w.key("pairs_per_rep").value(info.plan.pairs_per_rep).key("thread_pairs_per_rep").value(info.plan.thread_pairs_per_rep);
+  w.key("slow_divisor").value(info.plan.slow_divisor).key("slow_max_reps").value(info.plan.slow_max_reps);
+  w.end_object();
+  w.newline().key("allocators").begin_object();
+  for (const auto& [name, settings] : info.settings) w.key(name).value(settings);
+  w.end_object();
+  w.newline().key("notes").begin_array();
+  for (const std::string& note : info.notes) w.value(note);
+  w.end_array();
+  w.newline().key("results").begin_array();
+  for (const measurement& m : results) {
+    w.newline().begin_object();
+    w.key("pattern").value(m.pattern).key("case").value(m.label).key("allocator").value(m.allocator);
+    w.key("bytes").value(m.bytes).key("threads").value(m.threads).key("reps").value(m.reps);
+    w.key("pairs_per_rep").value(m.pairs_per_rep);
     if (m.error.empty()) {
-      out << ", \"ns_per_pair\": ";
-      json_summary(out, m.ns_per_pair);
-      out << ", \"mpairs_per_s\": ";
-      json_summary(out, m.mpairs_per_s);
+      w.key("ns_per_pair");
+      json_summary(w, m.ns_per_pair, k_ns_decimals);
+      w.key("mpairs_per_s");
+      json_summary(w, m.mpairs_per_s, k_mpairs_decimals);
     } else {
-      out << ", \"error\": ";
-      json_string(out, m.error);
+      w.key("error").value(m.error);
     }
-    out << "}";
+    w.end_object();
   }
-  out << "\n]}\n";
+  w.newline().end_array();
+  w.end_object();
+  out << w.str() << '\n';
+  out.flush();
   if (!out) throw std::runtime_error("error writing " + path);
 }
 

@@ -1,12 +1,15 @@
-// streamalloc-replay: replays a recorded PyTorch allocation trace through
-// streamalloc on a simulated device or a real GPU and prints its peak
-// reserved memory and call cost next to what PyTorch's native allocator
-// reserved for that run.
+// streamalloc-replay: replays a recorded PyTorch allocation trace (or every
+// trace in a folder, --all) through streamalloc on a simulated device or a
+// real GPU and prints its peak reserved memory and call cost next to what
+// PyTorch's native allocator reserved for that run.
+#include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <exception>
-#include <fstream>
+#include <filesystem>
 #include <limits>
 #include <memory>
 #include <stdexcept>
@@ -23,6 +26,7 @@
 #include "streamalloc/core/caching_allocator.hpp"
 #include "streamalloc/core/config.hpp"
 #include "streamalloc/util/errors.hpp"
+#include "streamalloc/util/json_writer.hpp"
 #include "trace_reader.hpp"
 #include "trace_replay.hpp"
 
@@ -31,8 +35,14 @@ namespace {
 using namespace streamalloc;
 
 constexpr const char* k_program = "streamalloc-replay";
+#ifndef STREAMALLOC_VERSION
+#error "STREAMALLOC_VERSION (the CMake project version) must be defined"
+#endif
+constexpr const char* k_version = STREAMALLOC_VERSION;
 constexpr std::size_t k_default_capacity_bytes = 141'000'000'000;  // an H200's 141 GB
-constexpr int k_exit_failure = 1;  // unreadable or inconsistent trace, out of memory, no GPU
+// Unreadable or inconsistent trace, out of memory, no GPU, unwritable
+// --timeline file; with --all, any trace that could not be replayed.
+constexpr int k_exit_failure = 1;
 constexpr int k_exit_usage = 2;
 
 // A bad command line; main prints it with a pointer to --help.
@@ -49,20 +59,28 @@ struct options {
   std::string timeline;
   bool json = false;
   bool help = false;
+  bool version = false;
   std::string trace;
+  std::string all_dir;  // --all: replay every trace in this folder
 };
 
 void print_help() {
   std::printf(
       "usage: %s [options] TRACE\n"
+      "       %s [options] --all DIR\n"
       "\n"
       "Replays an allocation trace (CSV `action,addr,size,stream`, plain or gzip'd;\n"
       "see shared/traces/README.md) through streamalloc's caching allocator and\n"
-      "reports peak allocated and reserved bytes, their ratio, segments created and\n"
-      "the cost of the allocate/free calls, next to the figures of PyTorch's native\n"
-      "allocator recorded in the trace's segment events.\n"
+      "reports peak allocated and reserved bytes, their ratio, device allocations\n"
+      "and the cost of the allocate/free calls. The right-hand column is PyTorch's\n"
+      "native allocator as recorded in the trace's segment events (not replayed).\n"
+      "Peak reserved / peak allocated is 1.0 at best: every reserved byte in use\n"
+      "at the peak.\n"
       "\n"
       "options:\n"
+      "  --all DIR         replay every *.trace.csv and *.trace.csv.gz in DIR (not\n"
+      "                    its subfolders), each on a fresh device, and print one\n"
+      "                    table with the median and worst ratio\n"
       "  --backend NAME    device to replay on: sim (default, a simulated device)\n"
       "                    or cuda (CUDA device 0 through streamalloc's CUDA\n"
       "                    backend; trace streams become created streams, 0 the\n"
@@ -72,21 +90,24 @@ void print_help() {
       "                    Ignored with --backend cuda\n"
       "  --timeline FILE   after the timed replay, replay again on a fresh allocator\n"
       "                    and write CSV `op,allocated_bytes,reserved_bytes` after\n"
-      "                    every allocate/free (for scripts/plot_replay.py)\n"
+      "                    every allocate/free (for scripts/plot_replay.py). FILE is\n"
+      "                    opened before the replay starts. Not with --all\n"
       "  --conf TEXT       allocator settings \"key:value,...\" applied on top of\n"
       "                    the STREAMALLOC_CONF environment variable\n"
       "  --json            print one JSON object instead of a table\n"
+      "  --version         print the version and exit\n"
       "  -h, --help        print this help\n"
       "\n"
       "allocator settings (--conf / STREAMALLOC_CONF):\n",
-      k_program);
+      k_program, k_program);
   for (const allocator_config::key_doc& key : allocator_config::keys()) {
     std::printf("  %-30s %s\n", key.key, key.description);
   }
   std::printf(
       "\n"
-      "exit status: 0 success, 1 unreadable or inconsistent trace, out of memory or\n"
-      "no usable GPU (--backend cuda), 2 bad command line or settings.\n");
+      "exit status: 0 success, 1 unreadable, empty or inconsistent trace (with --all:\n"
+      "any trace), out of memory, no usable GPU (--backend cuda) or a --timeline file\n"
+      "that cannot be written, 2 bad command line or settings.\n");
 }
 
 std::size_t parse_capacity(const std::string& text) {
@@ -159,6 +180,12 @@ options parse_options(int argc, char** argv) {
     };
     if (arg == "-h" || arg == "--help") {
       opts.help = true;
+    } else if (arg == "--version") {
+      if (has_value) throw usage_failure("--version takes no value");
+      opts.version = true;
+    } else if (arg == "--all") {
+      opts.all_dir = take_value();
+      if (opts.all_dir.empty()) throw usage_failure("--all needs a folder");
     } else if (arg == "--json") {
       if (has_value) throw usage_failure("--json takes no value");
       opts.json = true;
@@ -181,8 +208,13 @@ options parse_options(int argc, char** argv) {
       trace_given = true;
     }
   }
-  if (opts.help) return opts;
-  if (!trace_given) throw usage_failure("no trace given");
+  if (opts.help || opts.version) return opts;
+  if (!opts.all_dir.empty()) {
+    if (trace_given) throw usage_failure("give a trace or --all DIR, not both");
+    if (!opts.timeline.empty()) throw usage_failure("--timeline takes one trace; not with --all");
+  } else if (!trace_given) {
+    throw usage_failure("no trace given (or --all DIR)");
+  }
 #ifdef STREAMALLOC_HAVE_CUDA
   if (opts.backend != "sim" && opts.backend != "cuda") {
     throw usage_failure("unknown backend '" + opts.backend + "' (available: sim, cuda)");
@@ -196,84 +228,133 @@ options parse_options(int argc, char** argv) {
   return opts;
 }
 
-std::string json_string(const std::string& text) {
-  std::string out = "\"";
-  for (const char c : text) {
-    switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          char escaped[8];
-          std::snprintf(escaped, sizeof escaped, "\\u%04x", static_cast<unsigned>(static_cast<unsigned char>(c)));
-          out += escaped;
-        } else {
-          out += c;
-        }
-    }
+// How the device a replay ran on is named in headings.
+std::string device_label(const std::string& backend) {
+  return backend == "sim" ? "simulated device" : "CUDA device 0";
+}
+
+// One trace's figures as members of the current JSON object.
+void json_members(json_writer& w, const replay_result& r) {
+  const bool native = r.native_segments > 0;
+  w.key("events").value(r.events).key("ops").value(r.ops).key("allocs").value(r.allocs);
+  w.key("frees").value(r.frees).key("live_at_end").value(r.live_at_end);
+  w.key("peak_allocated_bytes").value(r.peak_allocated_bytes);
+  w.key("trace_peak_live_bytes").value(r.trace_peak_live_bytes);
+  w.key("peak_reserved_bytes").value(r.peak_reserved_bytes);
+  w.key("frag_ratio").value(r.frag_ratio, 6).key("segments").value(static_cast<long long>(r.segments));
+  w.key("total_ns").value(r.total_ns).key("ns_per_op").value(r.ns_per_op, 2);
+  w.key("chunk_maps").value(static_cast<long long>(r.chunk_maps));
+  w.key("chunk_unmaps").value(static_cast<long long>(r.chunk_unmaps));
+  w.key("stitched_blocks").value(static_cast<long long>(r.stitched_blocks));
+  w.key("stitch_syncs").value(static_cast<long long>(r.stitch_syncs));
+  w.key("native_segments").value(r.native_segments);
+  w.key("native_segment_allocs").value(r.native_segment_allocs);
+  w.key("native_segment_maps").value(r.native_segment_maps);
+  w.key("native_peak_reserved_bytes").value(r.native_peak_reserved_bytes);
+  w.key("native_frag_ratio");
+  if (native) {
+    w.value(r.native_frag_ratio, 6);
+  } else {
+    w.null();
   }
-  out += "\"";
-  return out;
 }
 
 void print_json(const options& opts, const allocator_config& config, const replay_result& r) {
-  const bool native = r.native_segments > 0;
-  std::printf("{\"trace\": %s, \"backend\": %s, \"capacity_bytes\": %zu, \"config\": %s,\n",
-              json_string(opts.trace).c_str(), json_string(opts.backend).c_str(), opts.capacity_bytes,
-              json_string(config.to_string()).c_str());
-  std::printf(" \"events\": %llu, \"ops\": %llu, \"allocs\": %llu, \"frees\": %llu, \"live_at_end\": %llu,\n",
-              static_cast<unsigned long long>(r.events), static_cast<unsigned long long>(r.ops),
-              static_cast<unsigned long long>(r.allocs), static_cast<unsigned long long>(r.frees),
-              static_cast<unsigned long long>(r.live_at_end));
-  std::printf(" \"peak_allocated_bytes\": %zu, \"trace_peak_live_bytes\": %zu, \"peak_reserved_bytes\": %zu,\n",
-              r.peak_allocated_bytes, r.trace_peak_live_bytes, r.peak_reserved_bytes);
-  std::printf(" \"frag_ratio\": %.6f, \"segments\": %lld, \"total_ns\": %llu, \"ns_per_op\": %.2f,\n", r.frag_ratio,
-              static_cast<long long>(r.segments), static_cast<unsigned long long>(r.total_ns), r.ns_per_op);
-  std::printf(" \"chunk_maps\": %lld, \"chunk_unmaps\": %lld, \"stitched_blocks\": %lld, \"stitch_syncs\": %lld,\n",
-              static_cast<long long>(r.chunk_maps), static_cast<long long>(r.chunk_unmaps),
-              static_cast<long long>(r.stitched_blocks), static_cast<long long>(r.stitch_syncs));
-  std::printf(" \"native_segments\": %llu, \"native_peak_reserved_bytes\": %zu, \"native_frag_ratio\": ",
-              static_cast<unsigned long long>(r.native_segments), r.native_peak_reserved_bytes);
-  if (native) {
-    std::printf("%.6f}\n", r.native_frag_ratio);
-  } else {
-    std::printf("null}\n");
-  }
+  json_writer w;
+  w.begin_object();
+  w.key("tool").value(k_program).key("version").value(k_version);
+  w.key("trace").value(opts.trace).key("backend").value(opts.backend);
+  w.key("capacity_bytes").value(opts.capacity_bytes).key("config").value(config.to_string());
+  json_members(w, r);
+  w.end_object();
+  std::printf("%s\n", w.str().c_str());
 }
 
 std::string bytes_cell(std::size_t bytes) { return std::to_string(bytes) + " (" + format_bytes(bytes) + ")"; }
 
+// "2 MiB" for whole mebibytes, else format_bytes.
+std::string chunk_size_text(std::size_t bytes) {
+  if (bytes >= (std::size_t{1} << 20) && bytes % (std::size_t{1} << 20) == 0) {
+    return std::to_string(bytes >> 20) + " MiB";
+  }
+  return format_bytes(bytes);
+}
+
+// What streamalloc's device allocations were: with expandable segments the
+// physical chunks it created, else its segments.
+bool replayed_expandable(const replay_result& r) { return r.chunk_maps > 0; }
+
+std::string our_device_allocations(const replay_result& r, const allocator_config& config) {
+  if (replayed_expandable(r)) return std::to_string(r.segments) + " chunks of " + chunk_size_text(config.vmm_chunk_bytes);
+  return std::to_string(r.segments) + " segments";
+}
+
+std::string native_device_allocations(const replay_result& r) {
+  std::string text;
+  if (r.native_segment_allocs > 0) text = std::to_string(r.native_segment_allocs) + " segments";
+  if (r.native_segment_maps > 0) {
+    if (!text.empty()) text += " + ";
+    text += std::to_string(r.native_segment_maps) + " mapped runs";
+  }
+  return text;
+}
+
 void print_table(const options& opts, const allocator_config& config, const replay_result& r) {
   const bool native = r.native_segments > 0;
   const std::string not_recorded = "not in trace";
+  const std::string ours_heading = "streamalloc (" + device_label(opts.backend) + ")";
   std::printf("trace     %s\n", opts.trace.c_str());
   std::printf("          %llu events: %llu allocs, %llu frees, %llu never freed\n",
               static_cast<unsigned long long>(r.events), static_cast<unsigned long long>(r.allocs),
               static_cast<unsigned long long>(r.frees), static_cast<unsigned long long>(r.live_at_end));
-  std::printf("device    %s, capacity %s\n", opts.backend.c_str(), bytes_cell(opts.capacity_bytes).c_str());
+  std::printf("device    %s (%s), capacity %s\n", opts.backend.c_str(), device_label(opts.backend).c_str(),
+              bytes_cell(opts.capacity_bytes).c_str());
   std::printf("config    %s\n\n", config.to_string().c_str());
 
-  std::printf("%-16s %-28s %s\n", "", "streamalloc", "native (recorded)");
-  std::printf("%-16s %-28s %s\n", "peak allocated", bytes_cell(r.peak_allocated_bytes).c_str(),
+  constexpr const char* k_row = "%-19s %-32s %s\n";
+  std::printf(k_row, "", ours_heading.c_str(), "PyTorch native, recorded");
+  std::printf(k_row, "peak allocated", bytes_cell(r.peak_allocated_bytes).c_str(),
               bytes_cell(r.trace_peak_live_bytes).c_str());
-  std::printf("%-16s %-28s %s\n", "peak reserved", bytes_cell(r.peak_reserved_bytes).c_str(),
+  std::printf(k_row, "peak reserved", bytes_cell(r.peak_reserved_bytes).c_str(),
               native ? bytes_cell(r.native_peak_reserved_bytes).c_str() : not_recorded.c_str());
   char ours[32];
   char theirs[32];
   std::snprintf(ours, sizeof ours, "%.4f", r.frag_ratio);
   std::snprintf(theirs, sizeof theirs, "%.4f", r.native_frag_ratio);
-  std::printf("%-16s %-28s %s\n", "reserved/alloc", ours, native ? theirs : not_recorded.c_str());
-  std::printf("%-16s %-28lld %s\n", "segments", static_cast<long long>(r.segments),
-              native ? std::to_string(r.native_segments).c_str() : not_recorded.c_str());
-  if (r.chunk_maps > 0) {
-    std::printf("%-16s %lld maps, %lld unmaps; %lld stitched blocks after %lld stream syncs\n", "chunks",
+  std::printf(k_row, "reserved/allocated", ours, native ? theirs : not_recorded.c_str());
+  std::printf(k_row, "device allocations", our_device_allocations(r, config).c_str(),
+              native ? native_device_allocations(r).c_str() : not_recorded.c_str());
+  if (replayed_expandable(r)) {
+    std::printf("%-19s %lld maps, %lld unmaps; %lld stitched blocks after %lld stream syncs\n", "chunks",
                 static_cast<long long>(r.chunk_maps), static_cast<long long>(r.chunk_unmaps),
                 static_cast<long long>(r.stitched_blocks), static_cast<long long>(r.stitch_syncs));
   }
-  std::printf("\nallocate+free   %llu calls in %.3f ms: %.1f ns/op\n", static_cast<unsigned long long>(r.ops),
+
+  std::printf("\nreserved/allocated is peak reserved / peak allocated: 1.0 is the floor (every\n"
+              "reserved byte in use at the peak); lower is better. Peak allocated is the\n"
+              "largest sum of live requested sizes, the same trace for both columns.\n");
+  std::printf("device allocations: ");
+  if (replayed_expandable(r)) {
+    std::printf("streamalloc's are the %s physical chunks it created for\n"
+                "expandable segments (cuMemCreate on a GPU), each counted once however often\n"
+                "it is mapped again",
+                chunk_size_text(config.vmm_chunk_bytes).c_str());
+  } else {
+    std::printf("streamalloc's are its segments, one device allocation\n"
+                "(cudaMalloc on a GPU) each");
+  }
+  if (native) {
+    std::printf(";\nnative's are ");
+    if (r.native_segment_allocs > 0) std::printf("the trace's segment_alloc events (one cudaMalloc each)");
+    if (r.native_segment_allocs > 0 && r.native_segment_maps > 0) std::printf(" and ");
+    if (r.native_segment_maps > 0) {
+      std::printf("its segment_map events (one run of pages mapped at once,\nexpandable_segments:True)");
+    }
+    std::printf(".\n");
+  } else {
+    std::printf(". The trace has no segment events, so native's figures are unknown.\n");
+  }
+  std::printf("\nallocate+free      %llu calls in %.3f ms: %.1f ns/op\n", static_cast<unsigned long long>(r.ops),
               static_cast<double>(r.total_ns) / 1e6, r.ns_per_op);
 }
 
@@ -346,19 +427,76 @@ replay_device open_device(options* opts, std::vector<trace_file_event>& events) 
   return device;
 }
 
+// The --timeline file, opened before anything is replayed so a path that
+// cannot be written fails at once with the system's reason. A file this
+// tool created is removed again unless commit() is reached, so no
+// half-written timeline is left; a file that was there before (or a device
+// such as /dev/stdout) is never removed.
+class timeline_file {
+ public:
+  explicit timeline_file(const std::string& path) : path_(path) {
+    std::error_code ignored;
+    created_ = !std::filesystem::exists(std::filesystem::symlink_status(path, ignored));
+    errno = 0;
+    file_ = std::fopen(path.c_str(), "w");
+    const int errnum = errno;
+    if (file_ == nullptr) throw timeline_failure(path, "cannot open for writing", errnum);
+  }
+  ~timeline_file() {
+    if (file_ == nullptr) return;
+    std::fclose(file_);
+    discard();
+  }
+  timeline_file(const timeline_file&) = delete;
+  timeline_file& operator=(const timeline_file&) = delete;
+
+  std::FILE* get() const { return file_; }
+
+  // Closes the file; throws timeline_failure when any write failed.
+  void commit() {
+    const bool write_error = std::ferror(file_) != 0;
+    const int write_errnum = errno;  // set by the failed write, if one failed
+    std::FILE* file = file_;
+    file_ = nullptr;
+    errno = 0;
+    const bool close_error = std::fclose(file) != 0;
+    const int errnum = write_error ? write_errnum : errno;
+    if (write_error || close_error) {
+      discard();
+      throw timeline_failure(path_, "error writing", errnum);
+    }
+  }
+
+  class timeline_failure : public std::runtime_error {
+   public:
+    timeline_failure(const std::string& path, const std::string& what, int errnum)
+        : std::runtime_error("--timeline " + path + ": " + what + ": " + std::strerror(errnum)) {}
+  };
+
+ private:
+  void discard() const {
+    if (created_) std::remove(path_.c_str());
+  }
+
+  std::string path_;
+  std::FILE* file_ = nullptr;
+  bool created_ = false;  // the file did not exist before
+};
+
 // Replays `events` again, untimed, on a fresh allocator and writes the
 // allocated (live requested) and reserved bytes after every allocate and
 // free, numbered as the alloc/free_completed events of the trace.
-void write_timeline(const std::vector<trace_file_event>& events, caching_allocator& allocator, const std::string& path) {
-  std::ofstream out(path);
-  if (!out) throw std::runtime_error("cannot write the timeline to " + path);
-  out << "op,allocated_bytes,reserved_bytes\n";
+void write_timeline(const std::vector<trace_file_event>& events, caching_allocator& allocator, timeline_file& out) {
+  std::FILE* file = out.get();
+  std::fputs("op,allocated_bytes,reserved_bytes\n", file);
   constexpr int k_all = static_cast<int>(stat_type::all);
   std::unordered_map<std::uint64_t, void*> live;  // trace address -> allocator pointer
   std::uint64_t op = 0;
   const auto record = [&] {
     const device_stats stats = allocator.stats();
-    out << op++ << ',' << stats.requested_bytes[k_all].current << ',' << stats.reserved_bytes[k_all].current << '\n';
+    std::fprintf(file, "%llu,%lld,%lld\n", static_cast<unsigned long long>(op++),
+                 static_cast<long long>(stats.requested_bytes[k_all].current),
+                 static_cast<long long>(stats.reserved_bytes[k_all].current));
   };
   const auto free_all = [&] {
     for (const auto& entry : live) {
@@ -385,13 +523,216 @@ void write_timeline(const std::vector<trace_file_event>& events, caching_allocat
     throw;
   }
   free_all();
-  out.flush();
-  if (!out) throw std::runtime_error("error writing the timeline to " + path);
+  out.commit();
 }
 
 int fail(int code, const std::string& message) {
   std::fprintf(stderr, "%s: %s\n", k_program, message.c_str());
   return code;
+}
+
+// One trace of --all: its figures, or why it could not be replayed.
+struct trace_outcome {
+  std::string path;
+  std::string name;  // file name less .trace.csv[.gz]
+  replay_result result;
+  std::string error;  // empty: replayed
+};
+
+// Loads and replays `path` on a fresh device; *capacity_bytes becomes the
+// device's size (the GPU's with --backend cuda).
+replay_result replay_one(options opts, const std::string& path, const allocator_config& config,
+                         std::size_t* capacity_bytes) {
+  std::vector<trace_file_event> events = load_trace(path);
+  const replay_device device = open_device(&opts, events);
+  *capacity_bytes = opts.capacity_bytes;
+  caching_allocator allocator(*device.backend, config);
+  return replay_trace(events, allocator, path);
+}
+
+constexpr const char* k_trace_suffixes[] = {".trace.csv.gz", ".trace.csv"};
+
+std::string trace_name(const std::string& file_name) {
+  for (const char* suffix : k_trace_suffixes) {
+    const std::size_t length = std::strlen(suffix);
+    if (file_name.size() > length && file_name.compare(file_name.size() - length, length, suffix) == 0) {
+      return file_name.substr(0, file_name.size() - length);
+    }
+  }
+  return std::string();
+}
+
+// Every trace file directly in `dir`, sorted by name. Throws
+// std::runtime_error (with the system's reason) when `dir` cannot be read.
+std::vector<trace_outcome> find_traces(const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::error_code error;
+  fs::directory_iterator it(dir, error);
+  if (error) throw std::runtime_error("--all " + dir + ": cannot read the folder: " + error.message());
+  std::vector<trace_outcome> traces;
+  for (; it != fs::directory_iterator(); it.increment(error)) {
+    if (error) throw std::runtime_error("--all " + dir + ": " + error.message());
+    const std::string file_name = it->path().filename().string();
+    const std::string name = trace_name(file_name);
+    if (name.empty()) continue;
+    std::error_code type_error;
+    if (it->is_directory(type_error)) continue;
+    trace_outcome trace;
+    trace.path = it->path().string();
+    trace.name = name;
+    traces.push_back(std::move(trace));
+  }
+  if (error) throw std::runtime_error("--all " + dir + ": " + error.message());
+  std::sort(traces.begin(), traces.end(),
+            [](const trace_outcome& a, const trace_outcome& b) { return a.path < b.path; });
+  return traces;
+}
+
+double median(std::vector<double> values) {
+  if (values.empty()) return 0.0;
+  std::sort(values.begin(), values.end());
+  const std::size_t middle = values.size() / 2;
+  return values.size() % 2 == 1 ? values[middle] : (values[middle - 1] + values[middle]) / 2.0;
+}
+
+// The corpus figures: median and worst of the replayed traces' ratios.
+struct corpus_summary {
+  std::size_t replayed = 0;
+  std::size_t failed = 0;
+  double median_ratio = 0.0;
+  double worst_ratio = 0.0;
+  std::string worst_trace;
+  std::size_t native_count = 0;  // replayed traces with native figures
+  double median_native_ratio = 0.0;
+};
+
+corpus_summary summarize(const std::vector<trace_outcome>& traces) {
+  corpus_summary s;
+  std::vector<double> ratios;
+  std::vector<double> native_ratios;
+  for (const trace_outcome& t : traces) {
+    if (!t.error.empty()) {
+      ++s.failed;
+      continue;
+    }
+    ++s.replayed;
+    ratios.push_back(t.result.frag_ratio);
+    if (t.result.frag_ratio > s.worst_ratio) {
+      s.worst_ratio = t.result.frag_ratio;
+      s.worst_trace = t.name;
+    }
+    if (t.result.native_segments > 0) native_ratios.push_back(t.result.native_frag_ratio);
+  }
+  s.median_ratio = median(ratios);
+  s.native_count = native_ratios.size();
+  s.median_native_ratio = median(native_ratios);
+  return s;
+}
+
+void print_all_table(const options& opts, const allocator_config& config, const std::vector<trace_outcome>& traces,
+                     const corpus_summary& s) {
+  std::printf("folder    %s: %zu traces\n", opts.all_dir.c_str(), traces.size());
+  std::printf("device    %s (%s), capacity %s, a fresh one for each trace\n", opts.backend.c_str(),
+              device_label(opts.backend).c_str(), bytes_cell(opts.capacity_bytes).c_str());
+  std::printf("config    %s\n\n", config.to_string().c_str());
+
+  std::size_t name_width = 5;
+  for (const trace_outcome& t : traces) name_width = std::max(name_width, t.name.size());
+  const int width = static_cast<int>(name_width);
+  std::printf("%-*s %9s %14s %14s %7s %7s %8s\n", width, "trace", "events", "peak alloc", "peak reserved", "ratio",
+              "native", "stitches");
+  for (const trace_outcome& t : traces) {
+    if (!t.error.empty()) {
+      std::printf("%-*s FAILED: %s\n", width, t.name.c_str(), t.error.c_str());
+      continue;
+    }
+    const replay_result& r = t.result;
+    char native[16] = "-";
+    if (r.native_segments > 0) std::snprintf(native, sizeof native, "%.4f", r.native_frag_ratio);
+    std::printf("%-*s %9llu %14s %14s %7.4f %7s %8lld\n", width, t.name.c_str(),
+                static_cast<unsigned long long>(r.events), format_bytes(r.peak_allocated_bytes).c_str(),
+                format_bytes(r.peak_reserved_bytes).c_str(), r.frag_ratio, native,
+                static_cast<long long>(r.stitched_blocks));
+  }
+  std::printf("\n");
+  if (s.replayed > 0) {
+    std::printf("median ratio %.4f", s.median_ratio);
+    if (s.native_count > 0) std::printf(" (native %.4f over %zu traces)", s.median_native_ratio, s.native_count);
+    std::printf(", worst %.4f (%s), over %zu traces replayed\n", s.worst_ratio, s.worst_trace.c_str(), s.replayed);
+  }
+  if (s.failed > 0) std::printf("%zu of %zu traces could not be replayed\n", s.failed, traces.size());
+  std::printf("\nratio: streamalloc's peak reserved / peak allocated, replayed on the %s;\n"
+              "1.0 is the floor (every reserved byte in use at the peak). native: the same for\n"
+              "PyTorch's native allocator as recorded in the trace's segment events ('-' when\n"
+              "it has none). stitches: allocations served by stitched chunks (expandable\n"
+              "segments), each after a stream synchronization.\n",
+              device_label(opts.backend).c_str());
+}
+
+void print_all_json(const options& opts, const allocator_config& config, const std::vector<trace_outcome>& traces,
+                    const corpus_summary& s) {
+  json_writer w;
+  w.begin_object();
+  w.key("tool").value(k_program).key("version").value(k_version);
+  w.key("dir").value(opts.all_dir).key("backend").value(opts.backend);
+  w.key("capacity_bytes").value(opts.capacity_bytes).key("config").value(config.to_string());
+  w.newline().key("traces").begin_array();
+  for (const trace_outcome& t : traces) {
+    w.newline().begin_object();
+    w.key("trace").value(t.path).key("name").value(t.name);
+    if (t.error.empty()) {
+      json_members(w, t.result);
+    } else {
+      w.key("error").value(t.error);
+    }
+    w.end_object();
+  }
+  w.newline().end_array();
+  w.newline().key("replayed").value(s.replayed).key("failed").value(s.failed);
+  w.key("median_frag_ratio");
+  if (s.replayed > 0) {
+    w.value(s.median_ratio, 6).key("worst_frag_ratio").value(s.worst_ratio, 6).key("worst_trace").value(s.worst_trace);
+  } else {
+    w.null().key("worst_frag_ratio").null().key("worst_trace").null();
+  }
+  w.key("median_native_frag_ratio");
+  if (s.native_count > 0) {
+    w.value(s.median_native_ratio, 6);
+  } else {
+    w.null();
+  }
+  w.end_object();
+  std::printf("%s\n", w.str().c_str());
+}
+
+int replay_all(const options& opts, const allocator_config& config) {
+  std::vector<trace_outcome> traces;
+  try {
+    traces = find_traces(opts.all_dir);
+  } catch (const std::exception& e) {
+    return fail(k_exit_failure, e.what());
+  }
+  if (traces.empty()) {
+    return fail(k_exit_failure, "--all " + opts.all_dir + ": no *.trace.csv or *.trace.csv.gz files in the folder");
+  }
+  options shown = opts;  // with --backend cuda, the GPU's size in the heading
+  for (trace_outcome& t : traces) {
+    try {
+      t.result = replay_one(opts, t.path, config, &shown.capacity_bytes);
+    } catch (const std::exception& e) {
+      t.error = e.what();
+    }
+  }
+  const corpus_summary summary = summarize(traces);
+  if (opts.json) {
+    print_all_json(shown, config, traces, summary);
+  } else {
+    print_all_table(shown, config, traces, summary);
+  }
+  for (const trace_outcome& t : traces) {
+    if (!t.error.empty()) std::fprintf(stderr, "%s: %s\n", k_program, t.error.c_str());
+  }
+  return summary.failed == 0 ? 0 : k_exit_failure;
 }
 
 }  // namespace
@@ -406,6 +747,10 @@ int main(int argc, char** argv) {
   }
   if (opts.help) {
     print_help();
+    return 0;
+  }
+  if (opts.version) {
+    std::printf("%s %s\n", k_program, k_version);
     return 0;
   }
 
@@ -426,6 +771,15 @@ int main(int argc, char** argv) {
     return fail(k_exit_usage, "--conf '" + opts.conf + "': " + reason);
   }
 
+  if (!opts.all_dir.empty()) return replay_all(opts, config);
+
+  std::unique_ptr<timeline_file> timeline;
+  try {
+    if (!opts.timeline.empty()) timeline = std::make_unique<timeline_file>(opts.timeline);
+  } catch (const std::exception& e) {
+    return fail(k_exit_failure, e.what());
+  }
+
   try {
     std::vector<trace_file_event> events = load_trace(opts.trace);
     const replay_device device = open_device(&opts, events);
@@ -439,13 +793,15 @@ int main(int argc, char** argv) {
     } else {
       print_table(opts, config, result);
     }
-    if (!opts.timeline.empty()) {
+    if (timeline) {
       caching_allocator fresh(*device.backend, config);
-      write_timeline(events, fresh, opts.timeline);
+      write_timeline(events, fresh, *timeline);
     }
   } catch (const trace_error& e) {
     return fail(k_exit_failure, e.what());
   } catch (const replay_out_of_memory& e) {
+    return fail(k_exit_failure, e.what());
+  } catch (const timeline_file::timeline_failure& e) {
     return fail(k_exit_failure, e.what());
   } catch (const std::exception& e) {
     return fail(k_exit_failure, std::string("replay failed: ") + e.what());

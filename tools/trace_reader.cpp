@@ -32,15 +32,44 @@ std::string quoted(std::string_view text) {
   return out;
 }
 
-trace_file_action parse_action(std::string_view name) {
-  if (name == "alloc") return trace_file_action::alloc;
-  if (name == "free_requested") return trace_file_action::free_requested;
-  if (name == "free_completed") return trace_file_action::free_completed;
-  if (name == "segment_alloc") return trace_file_action::segment_alloc;
-  if (name == "segment_free") return trace_file_action::segment_free;
-  if (name == "segment_map") return trace_file_action::segment_map;
-  if (name == "segment_unmap") return trace_file_action::segment_unmap;
-  return trace_file_action::other;
+// Every action torch's TraceEntry knows (c10/core/CachingDeviceAllocator.h,
+// parseTraceEntryAction); oom and snapshot are read as trace_file_action::other.
+struct action_name {
+  std::string_view name;
+  trace_file_action action;
+};
+constexpr action_name k_actions[] = {
+    {"alloc", trace_file_action::alloc},
+    {"free_requested", trace_file_action::free_requested},
+    {"free_completed", trace_file_action::free_completed},
+    {"segment_alloc", trace_file_action::segment_alloc},
+    {"segment_free", trace_file_action::segment_free},
+    {"segment_map", trace_file_action::segment_map},
+    {"segment_unmap", trace_file_action::segment_unmap},
+    {"oom", trace_file_action::other},
+    {"snapshot", trace_file_action::other},
+};
+
+// False for a name outside k_actions: a trace from a newer torch, or not
+// a trace at all; replaying it as if the line were not there could give
+// wrong figures without a word.
+bool parse_action(std::string_view name, trace_file_action* out) {
+  for (const action_name& known : k_actions) {
+    if (name == known.name) {
+      *out = known.action;
+      return true;
+    }
+  }
+  return false;
+}
+
+std::string known_action_list() {
+  std::string list;
+  for (const action_name& known : k_actions) {
+    if (!list.empty()) list += ", ";
+    list.append(known.name);
+  }
+  return list;
 }
 
 // zlib prefixes its messages with the path it was opened with; the
@@ -188,7 +217,9 @@ bool trace_reader::next(trace_file_event* out) {
     numbers[i - 1] = value;
   }
 
-  out->action = parse_action(fields[0]);
+  if (!parse_action(fields[0], &out->action)) {
+    fail(line_, "unknown action " + quoted(fields[0]) + " (known: " + known_action_list() + ")");
+  }
   out->addr = numbers[0];
   out->size = numbers[1];
   out->stream = numbers[2];

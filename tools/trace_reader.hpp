@@ -23,7 +23,7 @@ enum class trace_file_action : std::uint8_t {
   segment_free,
   segment_map,
   segment_unmap,
-  other,  // oom, snapshot and any action this reader does not interpret
+  other,  // oom and snapshot: known, not interpreted
 };
 
 // The spelling used in trace files ("other" for trace_file_action::other).
@@ -62,8 +62,9 @@ class trace_reader {
   trace_reader& operator=(const trace_reader&) = delete;
 
   // Stores the next event in *out and returns true, or returns false at the
-  // end of the trace. Throws trace_error on a malformed line or a damaged
-  // file; events before the bad line have already been returned.
+  // end of the trace. Throws trace_error on a malformed line (an action
+  // torch's TraceEntry does not have included) or a damaged file; events
+  // before the bad line have already been returned.
   bool next(trace_file_event* out);
 
   const std::string& path() const { return path_; }

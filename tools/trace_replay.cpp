@@ -16,7 +16,8 @@ struct trace_figures {
   std::uint64_t live_at_end = 0;
   std::size_t peak_live_allocations = 0;
   std::size_t peak_live_bytes = 0;
-  std::uint64_t native_segments = 0;
+  std::uint64_t native_segment_allocs = 0;
+  std::uint64_t native_segment_maps = 0;
   std::size_t native_peak_reserved_bytes = 0;
 };
 
@@ -55,7 +56,7 @@ trace_figures examine_trace(const std::vector<trace_file_event>& events, const s
       }
       case trace_file_action::segment_alloc:
       case trace_file_action::segment_map:
-        ++figures.native_segments;
+        ++(e.action == trace_file_action::segment_alloc ? figures.native_segment_allocs : figures.native_segment_maps);
         native_reserved += static_cast<std::int64_t>(e.size);
         native_peak = std::max(native_peak, native_reserved);
         break;
@@ -67,6 +68,12 @@ trace_figures examine_trace(const std::vector<trace_file_event>& events, const s
       case trace_file_action::other:
         break;
     }
+  }
+  // A ratio of nothing would print as 0 and pass for a result.
+  if (events.empty()) throw trace_error(path, 0, "no events after the header: nothing to replay");
+  if (figures.peak_live_bytes == 0) {
+    throw trace_error(path, 0, "no alloc event of more than 0 bytes in " + std::to_string(events.size()) +
+                                   " events: nothing to measure");
   }
   figures.live_at_end = live_sizes.size();
   figures.native_peak_reserved_bytes = static_cast<std::size_t>(native_peak);
@@ -146,7 +153,9 @@ replay_result replay_trace(const std::vector<trace_file_event>& events, caching_
   result.stitch_syncs = stats.num_stitch_syncs - before.num_stitch_syncs;
   result.total_ns = static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(elapsed).count());
   result.ns_per_op = result.ops == 0 ? 0.0 : static_cast<double>(result.total_ns) / static_cast<double>(result.ops);
-  result.native_segments = figures.native_segments;
+  result.native_segment_allocs = figures.native_segment_allocs;
+  result.native_segment_maps = figures.native_segment_maps;
+  result.native_segments = figures.native_segment_allocs + figures.native_segment_maps;
   result.native_peak_reserved_bytes = figures.native_peak_reserved_bytes;
   result.native_frag_ratio = ratio(figures.native_peak_reserved_bytes, figures.peak_live_bytes);
   return result;

@@ -45,6 +45,8 @@ struct replay_result {
   // PyTorch's native allocator as recorded: segment_alloc/segment_map add
   // their size to reserved memory, segment_free/segment_unmap subtract it.
   std::uint64_t native_segments = 0;  // segment_alloc + segment_map events; 0: no native figures
+  std::uint64_t native_segment_allocs = 0;  // segment_alloc events: one cudaMalloc each
+  std::uint64_t native_segment_maps = 0;    // segment_map events: one mapped run of pages each (expandable)
   std::size_t native_peak_reserved_bytes = 0;
   double native_frag_ratio = 0.0;  // native peak reserved / trace peak live bytes
 };
@@ -65,8 +67,9 @@ class replay_out_of_memory : public std::runtime_error {
 // which should be fresh: its peak counters are reset first and its stats
 // are the measurement. `alloc` -> allocate(size, stream) with the raw stream
 // value as the stream handle; `free_completed` -> free; everything else is
-// not replayed. Throws trace_error for a free of an address that is not live
-// or an alloc at an address that already is (before any allocator call),
+// not replayed. Throws trace_error for a free of an address that is not live,
+// an alloc at an address that already is, or a trace with nothing to
+// measure (no alloc of more than 0 bytes), all before any allocator call;
 // replay_out_of_memory when the allocator runs out. Every allocation made is
 // freed again before returning or throwing.
 replay_result replay_trace(const std::vector<trace_file_event>& events, caching_allocator& allocator,

@@ -1,8 +1,10 @@
 // Tests for trace replay: the shipped ResNet-50 trace through the caching
 // allocator on the sim backend, replay's own error paths, and the
-// streamalloc-replay tool's output and exit codes.
+// streamalloc-replay tool's output, options (--all, --timeline, --version)
+// and exit codes.
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -397,4 +399,265 @@ TEST_CASE("streamalloc-replay options and exit codes", "[replay][tool]") {
     CHECK(run.exit_code == 0);
     CHECK(run.output.rfind("usage: streamalloc-replay", 0) == 0);
   }
+}
+
+TEST_CASE("replay refuses a trace with nothing to measure", "[replay]") {
+  sim_backend backend(sim_device(1_GiB));
+  caching_allocator allocator(backend, allocator_config{});
+  SECTION("no events after the header") {
+    REQUIRE_THROWS_WITH(replay_trace({}, allocator, "t.csv"), "t.csv: no events after the header: nothing to replay");
+  }
+  SECTION("only segment events and allocations of 0 bytes") {
+    const std::vector<trace_file_event> events = {
+        event(trace_file_action::segment_alloc, 4096, 2097152, 2),
+        event(trace_file_action::alloc, 4096, 0, 3),
+        event(trace_file_action::free_completed, 4096, 0, 4),
+    };
+    REQUIRE_THROWS_WITH(replay_trace(events, allocator, "t.csv"),
+                        "t.csv: no alloc event of more than 0 bytes in 3 events: nothing to measure");
+  }
+  CHECK(allocator.stats().num_device_alloc == 0);
+}
+
+TEST_CASE("streamalloc-replay says what each column and figure is", "[replay][tool]") {
+  if (!replay_bin_present()) FAIL("streamalloc-replay not built at " << k_replay_bin);
+  temp_dir dir;
+  const std::string trace = quote(dir.write("small.csv", k_small_trace));
+
+  SECTION("expandable segments: the simulated device's 2 MiB chunks") {
+    const command_result run = run_replay(trace);
+    INFO(run.output);
+    REQUIRE(run.exit_code == 0);
+    CHECK(run.output.find("streamalloc (simulated device)") != std::string::npos);
+    CHECK(run.output.find("PyTorch native, recorded") != std::string::npos);
+    CHECK(run.output.find("1.0 is the floor") != std::string::npos);
+    CHECK(run.output.find("chunks of 2 MiB") != std::string::npos);
+    CHECK(run.output.find("2 MiB physical chunks it created") != std::string::npos);
+    CHECK(run.output.find("1 segments") != std::string::npos);  // the trace's one segment_alloc
+    CHECK(run.output.find("segment_alloc events (one cudaMalloc each)") != std::string::npos);
+  }
+  SECTION("plain segments and native's mapped runs") {
+    const std::string mapped = quote(dir.write(
+        "mapped.csv", "action,addr,size,stream\nsegment_map,4096,4194304,0\nalloc,4096,1000,0\n"
+                      "free_completed,4096,1000,0\nsegment_map,4198400,2097152,0\n"));
+    const command_result run = run_replay("--conf expandable_segments:False " + mapped);
+    INFO(run.output);
+    REQUIRE(run.exit_code == 0);
+    CHECK(run.output.find("1 segments ") != std::string::npos);
+    CHECK(run.output.find("2 mapped runs") != std::string::npos);
+    CHECK(run.output.find("one device allocation") != std::string::npos);
+    CHECK(run.output.find("segment_map events") != std::string::npos);
+  }
+  SECTION("a trace without segment events") {
+    const std::string bare =
+        quote(dir.write("bare.csv", "action,addr,size,stream\nalloc,4096,1000,0\nfree_completed,4096,1000,0\n"));
+    const command_result run = run_replay(bare);
+    INFO(run.output);
+    REQUIRE(run.exit_code == 0);
+    CHECK(run.output.find("not in trace") != std::string::npos);
+    CHECK(run.output.find("native's figures are unknown") != std::string::npos);
+    const command_result json = run_replay("--json " + bare);
+    CHECK(json_value(json.output, "native_frag_ratio") == "null");
+  }
+}
+
+TEST_CASE("streamalloc-replay --version prints the project version", "[replay][tool]") {
+  if (!replay_bin_present()) FAIL("streamalloc-replay not built at " << k_replay_bin);
+  const command_result run = run_replay("--version");
+  CHECK(run.exit_code == 0);
+  CHECK(run.output == std::string("streamalloc-replay ") + STREAMALLOC_VERSION + "\n");
+  temp_dir dir;
+  const std::string trace = quote(dir.write("small.csv", k_small_trace));
+  CHECK(json_value(run_replay("--json " + trace).output, "version") == std::string("\"") + STREAMALLOC_VERSION + "\"");
+  CHECK(run_replay("--version=1").exit_code == 2);
+}
+
+TEST_CASE("streamalloc-replay --timeline fails before replaying when the file cannot be written", "[replay][tool]") {
+  if (!replay_bin_present()) FAIL("streamalloc-replay not built at " << k_replay_bin);
+  temp_dir dir;
+  const std::string trace = quote(dir.write("small.csv", k_small_trace));
+
+  SECTION("a folder that does not exist") {
+    const std::string target = (dir.path() / "no_such_dir" / "timeline.csv").string();
+    const command_result run = run_replay("--timeline " + quote(target) + " " + trace);
+    INFO(run.output);
+    CHECK(run.exit_code == 1);
+    CHECK(run.output == "streamalloc-replay: --timeline " + target +
+                            ": cannot open for writing: No such file or directory\n");
+  }
+  SECTION("a folder in place of the file") {
+    const command_result run = run_replay("--timeline " + quote(dir.path().string()) + " " + trace);
+    INFO(run.output);
+    CHECK(run.exit_code == 1);
+    CHECK(run.output.find("Is a directory") != std::string::npos);
+    CHECK(run.output.find("peak reserved") == std::string::npos);  // nothing was replayed
+  }
+  SECTION("a writable file gets the timeline") {
+    const std::string target = (dir.path() / "timeline.csv").string();
+    const command_result run = run_replay("--timeline " + quote(target) + " " + trace);
+    INFO(run.output);
+    CHECK(run.exit_code == 0);
+    const std::string written = temp_dir::read_bytes(target);
+    CHECK(written.rfind("op,allocated_bytes,reserved_bytes\n0,1000000,", 0) == 0);
+    // 3 allocs and 2 frees: a header and five rows.
+    CHECK(std::count(written.begin(), written.end(), '\n') == 6);
+  }
+  SECTION("a replay that fails leaves no timeline behind, and no file it did not create is removed") {
+    const std::string target = (dir.path() / "timeline.csv").string();
+    const command_result run = run_replay("--capacity 500K --timeline " + quote(target) + " " + trace);
+    INFO(run.output);
+    CHECK(run.exit_code == 1);
+    CHECK_FALSE(fs::exists(target));
+
+    const std::string existing = dir.write("existing.csv", "old content\n");
+    const command_result again = run_replay("--capacity 500K --timeline " + quote(existing) + " " + trace);
+    CHECK(again.exit_code == 1);
+    CHECK(fs::exists(existing));
+  }
+  SECTION("a write that fails is reported with the system's reason") {
+    if (!fs::exists("/dev/full")) {
+      WARN("skipped: no /dev/full on this system");
+      return;
+    }
+    const command_result run = run_replay("--timeline /dev/full " + trace);
+    INFO(run.output);
+    CHECK(run.exit_code == 1);
+    CHECK(run.output.find("streamalloc-replay: --timeline /dev/full: error writing: No space left on device") !=
+          std::string::npos);
+    CHECK(fs::exists("/dev/full"));
+  }
+}
+
+TEST_CASE("streamalloc-replay rejects unknown actions and empty traces", "[replay][tool]") {
+  if (!replay_bin_present()) FAIL("streamalloc-replay not built at " << k_replay_bin);
+  temp_dir dir;
+  SECTION("an action torch does not record") {
+    const std::string bad = dir.write("unknown.csv", "action,addr,size,stream\nalloc,4096,512,0\n"
+                                                     "segment_resize,4096,512,0\nfree_completed,4096,512,0\n");
+    const command_result run = run_replay(quote(bad));
+    INFO(run.output);
+    CHECK(run.exit_code == 1);
+    CHECK(run.output.find(bad + ":3: unknown action 'segment_resize' (known: alloc, ") != std::string::npos);
+  }
+  SECTION("oom and snapshot are known and not replayed") {
+    const std::string ok = dir.write("known.csv", "action,addr,size,stream\nalloc,4096,512,0\noom,0,0,0\n"
+                                                  "snapshot,0,0,0\nfree_completed,4096,512,0\n");
+    const command_result run = run_replay("--json " + quote(ok));
+    INFO(run.output);
+    CHECK(run.exit_code == 0);
+    CHECK(json_value(run.output, "events") == "4");
+    CHECK(json_value(run.output, "ops") == "2");
+  }
+  SECTION("a header and nothing else") {
+    const std::string header_only = dir.write("header_only.csv", "action,addr,size,stream\n");
+    for (const std::string& path : {header_only, dir.write_gzip("header_only.csv.gz", "action,addr,size,stream\n")}) {
+      const command_result run = run_replay(quote(path));
+      INFO(run.output);
+      CHECK(run.exit_code == 1);
+      CHECK(run.output == "streamalloc-replay: " + path + ": no events after the header: nothing to replay\n");
+      CHECK(run.output.find("0.0000") == std::string::npos);
+    }
+  }
+  SECTION("an empty file") {
+    const std::string empty = dir.write("empty.csv", "");
+    const command_result run = run_replay(quote(empty));
+    INFO(run.output);
+    CHECK(run.exit_code == 1);
+    CHECK(run.output.find(empty + ":1: empty trace") != std::string::npos);
+  }
+  SECTION("segment events only") {
+    const std::string segments = dir.write("segments.csv", "action,addr,size,stream\nsegment_alloc,4096,2097152,0\n");
+    const command_result run = run_replay("--json " + quote(segments));
+    INFO(run.output);
+    CHECK(run.exit_code == 1);
+    CHECK(run.output.find("no alloc event of more than 0 bytes") != std::string::npos);
+  }
+}
+
+TEST_CASE("streamalloc-replay --all replays every trace in a folder", "[replay][tool]") {
+  if (!replay_bin_present()) FAIL("streamalloc-replay not built at " << k_replay_bin);
+  temp_dir dir;
+  const std::string bare = "action,addr,size,stream\nalloc,4096,3000000,0\nfree_completed,4096,3000000,0\n";
+  dir.write("b_small.trace.csv", k_small_trace);
+  dir.write_gzip("a_bare.trace.csv.gz", bare);
+  dir.write("notes.txt", "not a trace");
+  dir.write("other.csv", "not a trace either");
+  fs::create_directory(dir.path() / "nested.trace.csv");
+  const std::string folder = quote(dir.path().string());
+
+  SECTION("one table, median and worst") {
+    const command_result run = run_replay("--all " + folder);
+    INFO(run.output);
+    REQUIRE(run.exit_code == 0);
+    CHECK(run.output.find(": 2 traces") != std::string::npos);
+    const std::size_t a = run.output.find("\na_bare ");
+    const std::size_t b = run.output.find("\nb_small ");
+    CHECK(a != std::string::npos);
+    CHECK(b != std::string::npos);
+    CHECK(a < b);  // sorted by name
+    CHECK(run.output.find("notes") == std::string::npos);
+    CHECK(run.output.find("other") == std::string::npos);
+    CHECK(run.output.find("nested") == std::string::npos);
+    CHECK(run.output.find("median ratio ") != std::string::npos);
+    CHECK(run.output.find("(native ") != std::string::npos);  // one trace has native figures
+    CHECK(run.output.find("worst ") != std::string::npos);
+    CHECK(run.output.find("1.0 is the floor") != std::string::npos);
+  }
+  SECTION("JSON: one object per trace and the summary") {
+    const command_result run = run_replay("--json --all " + folder);
+    INFO(run.output);
+    REQUIRE(run.exit_code == 0);
+    CHECK(json_value(run.output, "replayed") == "2");
+    CHECK(json_value(run.output, "failed") == "0");
+    CHECK(json_value(run.output, "median_frag_ratio") != "<missing>");
+    CHECK(json_value(run.output, "median_frag_ratio") != "null");
+    CHECK(json_value(run.output, "worst_trace").front() == '"');
+    CHECK(run.output.find("\"name\": \"a_bare\"") != std::string::npos);
+    CHECK(run.output.find("\"name\": \"b_small\"") != std::string::npos);
+  }
+  SECTION("a bad trace is reported, the others still replayed, exit 1") {
+    dir.write("c_bad.trace.csv", "action,addr,size,stream\nalloc,4096,512,0\nbogus,1,2,3\n");
+    const command_result run = run_replay("--all " + folder);
+    INFO(run.output);
+    CHECK(run.exit_code == 1);
+    CHECK(run.output.find("c_bad") != std::string::npos);
+    CHECK(run.output.find("FAILED: ") != std::string::npos);
+    CHECK(run.output.find(":3: unknown action 'bogus'") != std::string::npos);
+    CHECK(run.output.find("over 2 traces replayed") != std::string::npos);
+    CHECK(run.output.find("1 of 3 traces could not be replayed") != std::string::npos);
+    const command_result json = run_replay("--json --all " + folder);
+    CHECK(json.exit_code == 1);
+    CHECK(json_value(json.output, "failed") == "1");
+  }
+  SECTION("usage and folder errors") {
+    const temp_dir empty;
+    const command_result none = run_replay("--all " + quote(empty.path().string()));
+    CHECK(none.exit_code == 1);
+    CHECK(none.output.find("no *.trace.csv or *.trace.csv.gz files") != std::string::npos);
+    const command_result missing = run_replay("--all " + quote((dir.path() / "missing").string()));
+    CHECK(missing.exit_code == 1);
+    CHECK(missing.output.find("No such file or directory") != std::string::npos);
+    CHECK(run_replay("--all " + folder + " " + quote((dir.path() / "b_small.trace.csv").string())).exit_code == 2);
+    CHECK(run_replay("--all " + folder + " --timeline x.csv").exit_code == 2);
+    CHECK(run_replay("--all").exit_code == 2);
+  }
+}
+
+TEST_CASE("streamalloc-replay --all on the repository's traces", "[replay][tool]") {
+  if (!replay_bin_present()) FAIL("streamalloc-replay not built at " << k_replay_bin);
+  const std::string folder = STREAMALLOC_TEST_DATA_DIR "/traces";
+  const command_result run = run_replay("--all " + quote(folder));
+  INFO(run.output);
+  CHECK(run.exit_code == 0);
+  std::size_t rows = 0;
+  for (const fs::directory_entry& entry : fs::directory_iterator(folder)) {
+    const std::string name = entry.path().filename().string();
+    const std::size_t at = name.find(".trace.csv");
+    if (at == std::string::npos) continue;
+    ++rows;
+    CHECK(run.output.find("\n" + name.substr(0, at) + " ") != std::string::npos);
+  }
+  CHECK(rows >= 3);
+  CHECK(run.output.find(": " + std::to_string(rows) + " traces") != std::string::npos);
+  CHECK(run.output.find("over " + std::to_string(rows) + " traces replayed") != std::string::npos);
 }

@@ -157,6 +157,10 @@ TEST_CASE("trace_reader names the file and line of each malformed line", "[trace
       {"alloc,1,2,0x10", "stream '0x10' is not an unsigned decimal number"},
       {"alloc,18446744073709551616,2,0", "addr '18446744073709551616' is out of range"},
       {"alloc,1,99999999999999999999999,0", "size '99999999999999999999999' is out of range"},
+      {"segment_resize,1,2,0", "unknown action 'segment_resize' (known: alloc, free_requested, free_completed, "
+                               "segment_alloc, segment_free, segment_map, segment_unmap, oom, snapshot)"},
+      {"Alloc,1,2,0", "unknown action 'Alloc'"},
+      {"other,1,2,0", "unknown action 'other'"},
   };
   temp_dir dir;
   int index = 0;

@@ -1,0 +1,142 @@
+#!/usr/bin/env bash
+# Captures the allocation-trace corpus (tests/data/traces/README.md): runs
+# every workload of bench/workloads under scripts/capture_trace.py on the
+# GPU and writes OUTDIR/NAME.trace.csv.gz, with each capture's output in
+# OUTDIR/logs/NAME.log. A failing or timed-out capture is reported and the
+# next one runs; the summary at the end lists every capture with its status,
+# time and size, and the exit status is 1 when any failed.
+#
+#   scripts/capture_corpus.sh OUTDIR [all | new | NAME...]
+#
+#   all   (default) every trace of the corpus
+#   new   the traces added with issue 16 (not the three captured before)
+#   NAME  the named traces only (see `scripts/capture_corpus.sh --list`)
+#
+# Environment: PYTHON (default python3; needs torch with CUDA, torchvision
+# and transformers), CAPTURE_TIMEOUT_S (one capture's limit, default 120),
+# CORPUS_TIME_LIMIT_S (no capture starts once this many seconds have passed;
+# default 0, no limit), REPLAY_BIN (a built streamalloc-replay: replays the
+# captured folder with --all at the end).
+set -uo pipefail
+
+repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+
+# NAME|SCRIPT|ARGS: the corpus. The first three are the traces captured
+# before the corpus grew; their arguments are the workloads' defaults.
+corpus=(
+  "gpt2_train_varlen|gpt2_train_varlen.py|"
+  "gpt2_generate|gpt2_generate.py|"
+  "resnet50_fixed_batch|resnet50_train_fixed.py|"
+  "hf_llama_train_varlen|hf_llama_train.py|"
+  "hf_llama_train_varlen_ckpt|hf_llama_train.py|--checkpointing"
+  "hf_generate_dynamic|hf_generate.py|--cache dynamic"
+  "hf_generate_static|hf_generate.py|--cache static"
+  "bert_serve|bert_serve.py|"
+  "resnet50_train_varsize|vision_train.py|--model resnet50"
+  "vit_b16_train_varbatch|vision_train.py|--model vit_b_16"
+  "moe_train|moe_train.py|"
+  "unet_diffusion|unet_diffusion.py|"
+  "pipeline_1f1b|pipeline_1f1b.py|"
+  "offload_activations|offload_activations.py|"
+  "fsdp2_streams2|fsdp2_streams.py|--streams 2"
+  "fsdp2_streams4|fsdp2_streams.py|--streams 4"
+  "inference_server|inference_server.py|--streams 2"
+)
+existing=(gpt2_train_varlen gpt2_generate resnet50_fixed_batch)
+
+usage() {
+  sed -n '2,/^set -uo/p' "${BASH_SOURCE[0]}" | grep '^#' | sed 's/^# \{0,1\}//'
+  exit "${1:-2}"
+}
+
+if [[ ${1:-} == --list ]]; then
+  for entry in "${corpus[@]}"; do
+    IFS='|' read -r name script args <<<"$entry"
+    printf '%-28s bench/workloads/%s %s\n' "$name" "$script" "$args"
+  done
+  exit 0
+fi
+[[ ${1:-} == -h || ${1:-} == --help ]] && usage 0
+[[ $# -ge 1 ]] || usage 2
+out_dir=$1
+shift
+
+selected=()
+if [[ $# -eq 0 || $1 == all ]]; then
+  for entry in "${corpus[@]}"; do selected+=("${entry%%|*}"); done
+elif [[ $1 == new ]]; then
+  for entry in "${corpus[@]}"; do
+    name=${entry%%|*}
+    [[ " ${existing[*]} " == *" $name "* ]] || selected+=("$name")
+  done
+else
+  for name in "$@"; do
+    found=0
+    for entry in "${corpus[@]}"; do [[ ${entry%%|*} == "$name" ]] && found=1; done
+    if [[ $found -eq 0 ]]; then
+      echo "capture_corpus: unknown trace '$name' (see --list)" >&2
+      exit 2
+    fi
+    selected+=("$name")
+  done
+fi
+
+python_bin="${PYTHON:-python3}"
+timeout_s="${CAPTURE_TIMEOUT_S:-120}"
+time_limit="${CORPUS_TIME_LIMIT_S:-0}"
+mkdir -p "$out_dir/logs" || exit 1
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1
+
+names=()
+results=()
+seconds=()
+sizes=()
+failed=0
+for name in "${selected[@]}"; do
+  for entry in "${corpus[@]}"; do [[ ${entry%%|*} == "$name" ]] && break; done
+  IFS='|' read -r _ script args <<<"$entry"
+  trace="$out_dir/$name.trace.csv.gz"
+  log="$out_dir/logs/$name.log"
+  names+=("$name")
+  if [[ $time_limit -gt 0 && $SECONDS -ge $time_limit ]]; then
+    results+=("NOT STARTED (CORPUS_TIME_LIMIT_S=$time_limit)")
+    seconds+=("-")
+    sizes+=("-")
+    failed=1
+    continue
+  fi
+  rm -f "$trace"
+  echo "=== capture_corpus: $name: bench/workloads/$script $args"
+  start=$SECONDS
+  # shellcheck disable=SC2086  # ARGS is a word list by design
+  (cd "$repo_root" && timeout --kill-after=10 "$timeout_s" "$python_bin" scripts/capture_trace.py -o "$trace" \
+    -- "bench/workloads/$script" $args) >"$log" 2>&1
+  rc=$?
+  tail -n 3 "$log"
+  elapsed=$((SECONDS - start))
+  if [[ $rc -eq 0 && -s $trace ]]; then
+    results+=("ok")
+  elif [[ $rc -eq 124 || $rc -eq 137 ]]; then
+    results+=("TIMEOUT (${timeout_s}s)")
+    failed=1
+  else
+    results+=("FAILED (exit $rc, see logs/$name.log)")
+    failed=1
+  fi
+  seconds+=("$elapsed")
+  if [[ -s $trace ]]; then sizes+=("$(du -k "$trace" | cut -f1) KiB"); else sizes+=("-"); fi
+done
+
+echo
+echo "capture_corpus: ${#names[@]} traces into $out_dir in ${SECONDS}s"
+printf '%-28s %-8s %-10s %s\n' trace seconds size result
+for i in "${!names[@]}"; do
+  printf '%-28s %-8s %-10s %s\n' "${names[$i]}" "${seconds[$i]}" "${sizes[$i]}" "${results[$i]}"
+done
+
+if [[ -n ${REPLAY_BIN:-} ]]; then
+  echo
+  echo "=== capture_corpus: $REPLAY_BIN --all $out_dir"
+  "$REPLAY_BIN" --all "$out_dir" || failed=1
+fi
+exit $failed

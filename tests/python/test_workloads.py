@@ -1,0 +1,78 @@
+"""The trace-corpus workloads (bench/workloads) and their capture script,
+on any machine: every workload compiles, scripts/capture_corpus.sh lists
+exactly the traces tests/data/traces/README.md describes, and, where torch,
+torchvision and transformers import, each workload runs its code path on
+the CPU with a tiny model (`--device cpu --tiny`); without them those runs
+skip with the reason."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import py_compile
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+WORKLOADS = REPO / "bench" / "workloads"
+CAPTURE_CORPUS = REPO / "scripts" / "capture_corpus.sh"
+TRACES_README = REPO / "tests" / "data" / "traces" / "README.md"
+# The workloads that predate the corpus take no --device/--tiny.
+CUDA_ONLY = {"gpt2_train_varlen.py", "gpt2_generate.py", "resnet50_train_fixed.py"}
+
+
+def corpus():
+    """(trace name, script, arguments) as capture_corpus.sh --list prints them."""
+    out = subprocess.run(["bash", str(CAPTURE_CORPUS), "--list"], capture_output=True, text=True, check=True)
+    entries = []
+    for line in out.stdout.splitlines():
+        name, script, *args = line.split()
+        entries.append((name, Path(script).name, args))
+    return entries
+
+
+@pytest.mark.parametrize("script", sorted(p.name for p in WORKLOADS.glob("*.py")))
+def test_workload_compiles(script, tmp_path):
+    py_compile.compile(str(WORKLOADS / script), cfile=str(tmp_path / "out.pyc"), doraise=True)
+
+
+def test_corpus_scripts_exist_and_names_are_unique():
+    entries = corpus()
+    assert len(entries) >= 12
+    names = [name for name, _, _ in entries]
+    assert len(names) == len(set(names))
+    for _, script, _ in entries:
+        assert (WORKLOADS / script).is_file(), script
+
+
+def test_readme_describes_every_trace_of_the_corpus():
+    readme = TRACES_README.read_text()
+    described = set(re.findall(r"^\| `([a-z0-9_]+)\.trace\.csv\.gz` \|", readme, flags=re.M))
+    assert described == {name for name, _, _ in corpus()}
+
+
+def test_committed_traces_are_in_the_corpus():
+    committed = {p.name.split(".trace.csv")[0] for p in (REPO / "tests" / "data" / "traces").glob("*.trace.csv*")}
+    assert committed <= {name for name, _, _ in corpus()}
+
+
+def _missing_modules():
+    return [m for m in ("torch", "torchvision", "transformers") if importlib.util.find_spec(m) is None]
+
+
+@pytest.mark.parametrize("name,script,args", [e for e in corpus() if e[1] not in CUDA_ONLY])
+def test_workload_runs_tiny_on_the_cpu(name, script, args):
+    missing = _missing_modules()
+    if missing:
+        pytest.skip(f"needs {', '.join(missing)} (not importable here)")
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    proc = subprocess.run(
+        [sys.executable, str(WORKLOADS / script), *args, "--device", "cpu", "--tiny", "--steps", "2"],
+        capture_output=True, text=True, timeout=600, env=env,
+    )
+    assert proc.returncode == 0, f"{name}: exit {proc.returncode}\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
+    assert proc.stdout.strip(), name

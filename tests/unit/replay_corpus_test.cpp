@@ -1,0 +1,101 @@
+// The trace corpus in CI: every trace in tests/data/traces (README.md there
+// says what each one is) replayed on the simulated device with the default
+// settings and held to the reserved-memory target of issue 16. A trace added
+// to the folder is checked by this test without any change here.
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "streamalloc/backend/sim_backend.hpp"
+#include "streamalloc/core/caching_allocator.hpp"
+#include "streamalloc/core/config.hpp"
+#include "support/catch.hpp"
+#include "trace_reader.hpp"
+#include "trace_replay.hpp"
+
+namespace {
+
+using namespace streamalloc;
+namespace fs = std::filesystem;
+
+const std::string k_corpus_dir = STREAMALLOC_TEST_DATA_DIR "/traces";
+constexpr std::size_t k_h200_bytes = 141'000'000'000;
+
+// The target for every trace: peak reserved / peak allocated at most this
+// on the simulated device, with one set of default settings (issue 16).
+// 1.0 is the floor; the traces of the corpus replay at 1.004-1.006 today.
+constexpr double k_corpus_ratio_target = 1.02;
+// ... and the median over the corpus at most this.
+constexpr double k_corpus_median_target = 1.01;
+
+// Traces allowed above k_corpus_ratio_target, each with its own ceiling and
+// the reason. Empty: every trace meets the target. An entry is a known gap
+// in the policy, not a tuning knob; remove it when the policy closes it.
+struct corpus_exception {
+  const char* name;  // file name less .trace.csv[.gz]
+  double ratio_limit;
+  const char* reason;
+};
+constexpr std::array<corpus_exception, 0> k_corpus_exceptions{};
+
+double ratio_limit_for(const std::string& name) {
+  for (const corpus_exception& e : k_corpus_exceptions) {
+    if (name == e.name) return e.ratio_limit;
+  }
+  return k_corpus_ratio_target;
+}
+
+std::string corpus_name(const fs::path& path) {
+  const std::string file = path.filename().string();
+  for (const std::string suffix : {".trace.csv.gz", ".trace.csv"}) {
+    if (file.size() > suffix.size() && file.compare(file.size() - suffix.size(), suffix.size(), suffix) == 0) {
+      return file.substr(0, file.size() - suffix.size());
+    }
+  }
+  return std::string();
+}
+
+std::vector<fs::path> corpus_traces() {
+  std::vector<fs::path> traces;
+  for (const fs::directory_entry& entry : fs::directory_iterator(k_corpus_dir)) {
+    if (entry.is_regular_file() && !corpus_name(entry.path()).empty()) traces.push_back(entry.path());
+  }
+  std::sort(traces.begin(), traces.end());
+  return traces;
+}
+
+}  // namespace
+
+TEST_CASE("every trace of the corpus replays within the reserved-memory target", "[replay][corpus][slow]") {
+  const std::vector<fs::path> traces = corpus_traces();
+  // The three traces captured before the corpus grew are always there.
+  REQUIRE(traces.size() >= 3);
+  std::vector<double> ratios;
+  for (const fs::path& path : traces) {
+    const std::string name = corpus_name(path);
+    INFO(name);
+    const std::vector<trace_file_event> events = load_trace(path.string());
+    sim_config device;
+    device.capacity_bytes = k_h200_bytes;
+    device.events_complete_immediately = true;
+    sim_backend backend(device);
+    caching_allocator allocator(backend, allocator_config{});
+    const replay_result result = replay_trace(events, allocator, path.string());
+    REQUIRE_NOTHROW(allocator.validate());
+    CAPTURE(result.frag_ratio, result.native_frag_ratio, result.stitched_blocks);
+    CHECK(result.peak_allocated_bytes == result.trace_peak_live_bytes);
+    CHECK(result.frag_ratio >= 1.0);
+    CHECK(result.frag_ratio <= ratio_limit_for(name));
+    // Never worse than what PyTorch's native allocator reserved on the same run.
+    if (result.native_segments > 0) CHECK(result.frag_ratio <= result.native_frag_ratio);
+    ratios.push_back(result.frag_ratio);
+  }
+  std::sort(ratios.begin(), ratios.end());
+  const std::size_t middle = ratios.size() / 2;
+  const double median = ratios.size() % 2 == 1 ? ratios[middle] : (ratios[middle - 1] + ratios[middle]) / 2.0;
+  CAPTURE(median, ratios.back());
+  CHECK(median <= k_corpus_median_target);
+}
