@@ -119,7 +119,9 @@ def test_accelerator_api_reports_streamalloc(torch_api):
 
 def test_settings_at_run_time(torch_api):
     ours, native = torch_api["streamalloc"], torch_api["native"]
-    assert ours["max_split_size"] == native["max_split_size"] == 64 * MiB
+    # streamalloc reports the limit in force; torch's native allocator keeps
+    # reporting the one it started with (-1, unlimited).
+    assert ours["max_split_size"] == 64 * MiB
     assert ours["rounded_bytes"] == native["rounded_bytes"]
     assert any("release_lock_on_cudamalloc" in w for w in ours["ignored_key_warnings"])
 

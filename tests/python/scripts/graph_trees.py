@@ -49,6 +49,8 @@ def train_step(x):
 compiled_train = torch.compile(train_step, mode="reduce-overhead")
 train_losses = []
 for x in inputs:
+    # Each call is a new step whose outputs may overwrite the last step's.
+    torch.compiler.cudagraph_mark_step_begin()
     loss = compiled_train(x)
     train_losses.append(loss.item())
     optimizer.step()
@@ -57,7 +59,10 @@ for x in inputs:
 model.eval()
 compiled_infer = torch.compile(model, mode="reduce-overhead")
 with torch.no_grad():
-    infer_sums = [compiled_infer(x).sum().item() for x in inputs]
+    infer_sums = []
+    for x in inputs:
+        torch.compiler.cudagraph_mark_step_begin()
+        infer_sums.append(compiled_infer(x).sum().item())
 
 weight = torch.randn(64, 64, device="cuda")
 
@@ -71,6 +76,7 @@ compiled_branchy = torch.compile(branchy, mode="reduce-overhead", dynamic=False)
 branch_sums = []
 for repeat in range(4):
     for rows in (8, 16, 24):
+        torch.compiler.cudagraph_mark_step_begin()
         branch_sums.append(compiled_branchy(torch.ones(rows, 64, device="cuda") * (repeat + 1)).sum().item())
 
 torch.cuda.synchronize()

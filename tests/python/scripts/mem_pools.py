@@ -41,9 +41,9 @@ result["outside_in_pool"] = any(
     s["address"] <= outside.data_ptr() < s["address"] + s["total_size"] for s in segments
 )
 result["pool_snapshot_only_pool"] = all(
-    tuple(s["segment_pool_id"]) == tuple(pool.id) for s in pool.snapshot()["segments"]
+    tuple(s["segment_pool_id"]) == tuple(pool.id) for s in pool.snapshot()
 )
-result["pool_snapshot_count"] = len(pool.snapshot()["segments"])
+result["pool_snapshot_count"] = len(pool.snapshot())
 reserved_before = torch.cuda.memory_reserved()
 del in_pool
 torch.cuda.empty_cache()  # the whole cache, pools with users included
