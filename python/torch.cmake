@@ -70,7 +70,8 @@ endforeach()
 
 Python_add_library(streamalloc_torch MODULE WITH_SOABI
   src/module.cpp src/streams_bindings.cpp src/torch_allocator.cpp src/introspection.cpp src/memory_history.cpp
-  src/cuda_ipc.cpp src/pool_segment_source.cpp src/torch_pool_ids.cpp src/torch_settings.cpp)
+  src/cuda_ipc.cpp src/pool_segment_source.cpp src/torch_pool_ids.cpp src/torch_settings.cpp
+  src/torch_tags.cpp src/oom_diagnosis.cpp src/diagnosis_bindings.cpp)
 set_target_properties(streamalloc_torch PROPERTIES
   OUTPUT_NAME _C
   LIBRARY_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/lib

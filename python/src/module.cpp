@@ -11,12 +11,14 @@
 #include <exception>
 #include <string>
 
+#include "diagnosis_bindings.hpp"
 #include "introspection.hpp"
 #include "process_allocator.hpp"
 #include "streamalloc/core/config.hpp"
 #include "streams_bindings.hpp"
 #include "torch_allocator.hpp"
 #include "torch_pool_ids.hpp"
+#include "torch_tags.hpp"
 
 namespace py = pybind11;
 
@@ -81,6 +83,9 @@ py::dict block_dict(const block_info& b) {
   out["requested_size"] = b.requested_size;
   out["state"] = to_string(b.state);
   out["frames"] = py::list();
+  // The allocation tag (streamalloc.tag / attribute) while tagging is on.
+  // None: an allocation sampling skipped or made before tagging began.
+  if (tagging_on() && b.state == block_state::active_allocated) out["tag"] = tag_name_of(b.address);
   return out;
 }
 
@@ -158,4 +163,5 @@ PYBIND11_MODULE(_C, m) {
   m.def("device_count", &managed_device_count, "Devices streamalloc manages (0 until CUDA is initialised).");
 
   bind_streams(m);
+  bind_diagnosis(m);
 }

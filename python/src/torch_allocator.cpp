@@ -23,6 +23,7 @@
 
 #include "cuda_ipc.hpp"
 #include "introspection.hpp"
+#include "oom_diagnosis.hpp"
 #include "pool_segment_source.hpp"
 #include "process_allocator.hpp"
 #include "streamalloc/core/caching_allocator.hpp"
@@ -30,6 +31,7 @@
 #include "torch_errors.hpp"
 #include "torch_pool_ids.hpp"
 #include "torch_settings.hpp"
+#include "torch_tags.hpp"
 
 namespace streamalloc {
 namespace {
@@ -340,6 +342,7 @@ void* torch_allocator::allocate_on(c10::DeviceIndex device, std::size_t bytes, c
   try {
     caching_allocator& allocator = allocator_of(device);
     void* ptr = allocator.allocate(bytes, to_handle(stream));
+    if (tagging_on()) record_allocation(allocator, device, ptr, bytes);
     if (ptr != nullptr && c10::memoryProfilingEnabled()) {
       report_to_profiler(allocator, ptr, static_cast<std::int64_t>(allocator.allocation_size(ptr)));
     }
@@ -358,6 +361,9 @@ void torch_allocator::free_on(c10::DeviceIndex device, void* ptr) {
 
 void torch_allocator::free_with_context(caching_allocator& allocator, void* ptr) {
   memory_history::call_scope context(history_, record_context::ALL);
+  // Before the free: afterwards another thread may be handed the address
+  // and record it (Note [allocation tags]).
+  if (tagging_on()) forget_allocation(ptr);
   if (!c10::memoryProfilingEnabled()) {
     allocator.free(ptr);
     return;
@@ -411,7 +417,11 @@ void torch_allocator::raise_out_of_memory(const out_of_memory& error) {
   for (const auto& observer : observers) {
     observer(c.device, c.requested_bytes, c.allowed_bytes, c.device_free_bytes);
   }
-  TORCH_CHECK_WITH(OutOfMemoryError, false, error.what());
+  // torch's wording first, then who holds the memory and what to change.
+  std::string message = error.what();
+  const std::string diagnosis = diagnose_out_of_memory(error);
+  if (!diagnosis.empty()) message += "\n" + diagnosis;
+  TORCH_CHECK_WITH(OutOfMemoryError, false, message);
 }
 
 c10::DataPtr torch_allocator::allocate(std::size_t bytes) {
@@ -655,7 +665,13 @@ cca::CheckpointDelta torch_allocator::setCheckpointPoolState(c10::DeviceIndex de
     TORCH_CHECK(checkpoint != nullptr, "streamalloc: setCheckpointPoolState needs a state from getCheckpointState");
     TORCH_CHECK(checkpoint->device == device, "streamalloc: a checkpoint of device ", checkpoint->device,
                 " cannot restore a pool of device ", static_cast<int>(device));
-    pool_restore_result restored = allocator_of(device).restore_pool(checkpoint->checkpoint);
+    caching_allocator& allocator = allocator_of(device);
+    pool_restore_result restored = allocator.restore_pool(checkpoint->checkpoint);
+    // The restore frees and allocates behind allocate_on's back.
+    if (tagging_on()) {
+      for (void* ptr : restored.freed) forget_allocation(ptr);
+      for (void* ptr : restored.allocated) record_allocation(allocator, device, ptr, allocator.allocation_size(ptr));
+    }
     cca::CheckpointDelta delta;
     delta.ptrs_freed = std::move(restored.freed);
     delta.dataptrs_allocd.reserve(restored.allocated.size());

@@ -18,6 +18,11 @@ Without torch, without a GPU or without the compiled extension the package
 still imports; the functions that need them raise ImportError or
 RuntimeError saying what is missing. library_path() serves the plain
 alternative, torch's own CUDAPluggableAllocator, which needs no extension.
+
+Diagnosis (streamalloc.diagnosis): tag(), attribute() and report() say
+which part of the program holds GPU memory, watch() flags what grows every
+step, max_batch_size() finds the largest batch that fits, and
+last_oom_report() explains the newest out-of-memory error.
 """
 
 from __future__ import annotations
@@ -27,10 +32,36 @@ from typing import Any, Dict, List, Tuple
 
 from ._options import to_conf_string
 from ._summary import format_summary
+from .diagnosis import (
+    BatchSizeResult,
+    LeakFinding,
+    LeakWarning,
+    attribute,
+    disable_tagging,
+    enable_tagging,
+    last_oom_report,
+    max_batch_size,
+    report,
+    tag,
+    tagging_enabled,
+    watch,
+)
 from .streams import PinnedPool, Prefetcher, to_device
 
 __version__ = "0.1.0"
 __all__ = [
+    "BatchSizeResult",
+    "LeakFinding",
+    "LeakWarning",
+    "attribute",
+    "disable_tagging",
+    "enable_tagging",
+    "last_oom_report",
+    "max_batch_size",
+    "report",
+    "tag",
+    "tagging_enabled",
+    "watch",
     "config",
     "config_keys",
     "empty_cache",
@@ -154,7 +185,10 @@ def snapshot(device=None) -> Dict[str, Any]:
     """Segments and blocks in the layout of torch.cuda.memory._snapshot():
     {"segments": [...], "device_traces": [[], ...], "allocator_settings": {...}}.
     With `device` None it covers every device; streamalloc keeps no
-    allocation history, so the traces are empty."""
+    allocation history, so the traces are empty. While tagging is on
+    (enable_tagging, tag, attribute), every allocated block has a "tag":
+    its tag's name, or None when it was not recorded (sampling, or
+    allocated before tagging began)."""
     extension = _installed_extension()
     return extension.snapshot(-1 if device is None else _device_index(device))
 
