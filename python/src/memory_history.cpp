@@ -133,8 +133,12 @@ void memory_history::on_trace(int device, const trace_event* events, std::size_t
           if (stacks_in_trace) context = t_call_context;
           break;
         case trace_action::segment_alloc:
-        case trace_action::segment_map:
           if (keep_state && t_call_context) segment_contexts_[e.address] = t_call_context;
+          if (stacks_in_trace) context = t_call_context;
+          break;
+        case trace_action::segment_map:
+          // A mapped run grows and merges with its neighbours: like torch's
+          // expandable segments, it keeps no stack of its own.
           if (stacks_in_trace) context = t_call_context;
           break;
         case trace_action::free_requested:

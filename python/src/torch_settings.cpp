@@ -84,7 +84,14 @@ void hook_torch_allocator_settings() {
   std::call_once(once, [] {
     auto& hook = c10::CachingAllocator::AcceleratorAllocatorConfig::getConfigParserHook();
     hook = [previous = hook](const std::string& settings) {
-      if (previous) previous(settings);
+      // A malformed string is a ValueError, as torch raises for it.
+      try {
+        if (previous) previous(settings);
+      } catch (const c10::ValueError&) {
+        throw;
+      } catch (const c10::Error& e) {
+        TORCH_CHECK_VALUE(false, e.what_without_backtrace());
+      }
       guarded([&] { apply_torch_allocator_settings(settings); });
     };
   });

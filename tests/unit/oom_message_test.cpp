@@ -112,3 +112,12 @@ TEST_CASE("oom message: free memory of private pools is torch's 'allocated in pr
   f.alloc.release_pool(1);
   f.check_consistent();
 }
+
+TEST_CASE("oom message: a request of 1 EiB or more is refused in torch's words", "[oom]") {
+  oom_context c;
+  c.device_total_bytes = 80ull << 30;
+  c.requested_bytes = std::size_t{1} << 60;
+  CHECK(out_of_memory(c).what() == std::string("CUDA out of memory. Tried to allocate more than 1EB memory."));
+  c.requested_bytes = (std::size_t{1} << 60) - 1;
+  CHECK(std::string(out_of_memory(c).what()).rfind("CUDA out of memory. Tried to allocate 1073741824.00 GiB.", 0) == 0);
+}

@@ -271,7 +271,8 @@ void caching_allocator::take_block_locked(block* b, std::size_t rounded, std::si
   update_stat(stats_.active_bytes, s, size);
   update_stat(stats_.requested_bytes, s, static_cast<std::int64_t>(requested));
   if (policy_.is_oversize(b->size)) stats_.oversize_allocations.increase(1);
-  record_trace_locked(trace_action::alloc, b->address, b->size, b->stream, s->pool);
+  // torch's history reports the bytes the caller asked for.
+  record_trace_locked(trace_action::alloc, b->address, requested, b->stream, s->pool);
 }
 
 // ---------------------------------------------------------------------------
@@ -287,7 +288,7 @@ void caching_allocator::free(void* ptr) {
   segment* s = b->owner;
   // free_completed follows, now or once the block's stream uses end
   // (return_to_pool_locked), as in torch's history.
-  record_trace_locked(trace_action::free_requested, b->address, b->size, b->stream, s->pool);
+  record_trace_locked(trace_action::free_requested, b->address, b->requested_size, b->stream, s->pool);
   update_stat(stats_.allocation, s, -1);
   update_stat(stats_.allocated_bytes, s, -static_cast<std::int64_t>(b->size));
   update_stat(stats_.requested_bytes, s, -static_cast<std::int64_t>(b->requested_size));
@@ -385,7 +386,7 @@ void caching_allocator::synchronize_pending_locked() {
 
 void caching_allocator::return_to_pool_locked(block* b) {
   segment* s = b->owner;
-  record_trace_locked(trace_action::free_completed, b->address, b->size, b->stream, s->pool);
+  record_trace_locked(trace_action::free_completed, b->address, b->requested_size, b->stream, s->pool);
   update_stat(stats_.active, s, -1);
   update_stat(stats_.active_bytes, s, -static_cast<std::int64_t>(b->size));
   b->requested_size = 0;

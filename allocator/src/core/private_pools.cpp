@@ -284,7 +284,7 @@ void caching_allocator::end_allocation_locked(block* b) {
   update_stat(stats_.requested_bytes, s, -static_cast<std::int64_t>(b->requested_size));
   if (policy_.is_oversize(b->size)) stats_.oversize_allocations.decrease(1);
   b->stream_uses.clear();
-  record_trace_locked(trace_action::free_requested, b->address, b->size, b->stream, s->pool);
+  record_trace_locked(trace_action::free_requested, b->address, b->requested_size, b->stream, s->pool);
   return_to_pool_locked(b);
 }
 
@@ -301,7 +301,7 @@ void caching_allocator::mark_allocated_locked(block* b, std::size_t requested) {
   update_stat(stats_.active_bytes, s, size);
   update_stat(stats_.requested_bytes, s, static_cast<std::int64_t>(requested));
   if (policy_.is_oversize(b->size)) stats_.oversize_allocations.increase(1);
-  record_trace_locked(trace_action::alloc, b->address, b->size, b->stream, s->pool);
+  record_trace_locked(trace_action::alloc, b->address, requested, b->stream, s->pool);
 }
 
 void caching_allocator::rebuild_segment_locked(segment* s, const pool_checkpoint::segment_state& state,

@@ -65,7 +65,11 @@ namespace {
 // which torch also skips when it cannot read it, and "... allowed; " only
 // appears under a memory fraction below 1. streamalloc's own figures follow
 // torch's text, after its final parenthesis.
+// torch refuses 1 EiB or more before looking at the device, in these words.
+constexpr std::size_t k_one_exabyte = std::size_t{1} << 60;
+
 std::string oom_message(const oom_context& c) {
+  if (c.requested_bytes >= k_one_exabyte) return "CUDA out of memory. Tried to allocate more than 1EB memory.";
   const std::size_t tried = c.allocation_bytes != 0 ? c.allocation_bytes : c.requested_bytes;
   const std::size_t counted_allocated = c.allocated_bytes + c.private_pool_cached_bytes;
   const std::size_t torch_unallocated = c.reserved_bytes > counted_allocated ? c.reserved_bytes - counted_allocated : 0;
