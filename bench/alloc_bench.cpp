@@ -18,6 +18,7 @@
 #include "bench_report.hpp"
 #include "streamalloc/util/bytes.hpp"
 #include "streamalloc/util/errors.hpp"
+#include "streamalloc/version.hpp"
 
 namespace {
 
@@ -59,6 +60,7 @@ struct options {
   std::size_t mixed_steps = k_mixed_steps;
   std::vector<std::string> overrides;  // counts set on the command line, for the report
   bool help = false;
+  bool version = false;
 };
 
 void print_help() {
@@ -99,6 +101,7 @@ void print_help() {
       "  --seed N              seed of the mixed sequences (default 20261129)\n"
       "  --conf TEXT           streamalloc settings on top of STREAMALLOC_CONF\n"
       "  --json FILE           also write the results as JSON\n"
+      "  --version             print the version and exit\n"
       "  -h, --help            this help\n"
       "\n"
       "Sizes take B, KiB, MiB, GiB suffixes. Exit status: 0 all ran, 1 no device or an\n"
@@ -183,6 +186,8 @@ options parse_options(int argc, char** argv) {
     };
     if (arg == "-h" || arg == "--help") {
       opts.help = true;
+    } else if (arg == "--version") {
+      opts.version = true;
     } else if (arg == "--smoke") {
       opts.smoke = true;
     } else if (arg == "--device") {
@@ -474,6 +479,10 @@ int main(int argc, char** argv) {
     opts = parse_options(argc, argv);
     if (opts.help) {
       print_help();
+      return 0;
+    }
+    if (opts.version) {
+      std::printf("%s %s\n", k_program, STREAMALLOC_VERSION);
       return 0;
     }
     return run(std::move(opts));

@@ -88,6 +88,3 @@ target_compile_definitions(streamalloc_torch PRIVATE _GLIBCXX_USE_CXX11_ABI=1)
 target_link_libraries(streamalloc_torch PRIVATE streamalloc_process streamalloc_streams_cuda ${torch_libraries} streamalloc_warnings)
 # The static archives stay private to the module, as in libstreamalloc.so.
 target_link_options(streamalloc_torch PRIVATE "LINKER:--exclude-libs,ALL")
-
-install(TARGETS streamalloc_torch streamalloc
-  LIBRARY DESTINATION streamalloc COMPONENT python)

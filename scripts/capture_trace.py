@@ -23,6 +23,8 @@ import pickle
 import runpy
 import sys
 
+import _streamalloc_version  # the checkout's version (CMakeLists.txt)
+
 # The actions of torch's TraceEntry; the file keeps every one, readers skip
 # what they do not replay.
 KNOWN_ACTIONS = {
@@ -141,6 +143,7 @@ def main():
     parser.add_argument("--device", type=int, default=None, help="device whose trace to write (default: the current one)")
     parser.add_argument("--max-entries", type=int, default=20_000_000, help="history ring size (default 20M)")
     parser.add_argument("program", nargs=argparse.REMAINDER, help="-- prog.py [args...]")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_streamalloc_version.version()}")
     args = parser.parse_args()
 
     program = args.program[1:] if args.program[:1] == ["--"] else args.program

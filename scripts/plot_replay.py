@@ -16,6 +16,8 @@ import csv
 import os
 import sys
 
+import _streamalloc_version  # the checkout's version (CMakeLists.txt)
+
 # Curve order and colours; allocators not listed here follow in name order.
 KNOWN = {
     "recorded": ("native (recorded)", "tab:gray"),  # drawn dashed: replays often lie on it
@@ -77,11 +79,22 @@ def group_dir(directory):
     return groups
 
 
-def plot(groups, output, title):
-    import matplotlib
+def require_matplotlib():
+    """matplotlib.pyplot, or exit with one line saying how to install it
+    (scripts/setup.sh does not: only this script needs it)."""
+    try:
+        import matplotlib
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as error:
+        sys.exit(f"plot_replay: needs matplotlib, which {sys.executable} cannot import ({error}); "
+                 f"install it with: {sys.executable} -m pip install matplotlib")
+    return plt
+
+
+def plot(groups, output, title):
+    plt = require_matplotlib()
 
     gib = float(1 << 30)
     fig, axes = plt.subplots(len(groups), 1, figsize=(11, 3.8 * len(groups)), squeeze=False)
@@ -118,9 +131,11 @@ def main():
     parser.add_argument("--timeline-dir", help="directory of TRACE.ALLOCATOR.csv timelines (one panel per trace)")
     parser.add_argument("--title", default="", help="title (prefix of each panel's title)")
     parser.add_argument("files", nargs="*", metavar="ALLOCATOR=CSV", help="timelines of one trace")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_streamalloc_version.version()}")
     args = parser.parse_args()
     if bool(args.timeline_dir) == bool(args.files):
         parser.error("give either --timeline-dir DIR or ALLOCATOR=CSV arguments")
+    require_matplotlib()  # before reading the timelines, which can be large
     if args.timeline_dir:
         if not os.path.isdir(args.timeline_dir):
             sys.exit(f"plot_replay: {args.timeline_dir} is not a directory (no replay wrote timelines there)")

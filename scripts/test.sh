@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Sets up, builds and runs every CPU test: the Catch2 suites through ctest
-# (unit tests on the simulated device; [gpu] tests skip visibly without a
-# GPU), the sanitizer builds, a short libFuzzer run (when clang is there)
-# and the Python tests (which skip visibly without torch or a GPU). Exits
-# non-zero on any failure.
+# (unit tests on the simulated device; without a GPU ctest reports the
+# [gpu] entry as skipped and the reason is printed), the sanitizer builds,
+# a short libFuzzer run (when clang is there), a CMake install with the
+# examples/cpp project built against it, and the Python tests (which skip
+# with the reason without torch or a GPU). Exits non-zero on any failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -12,6 +13,8 @@ failed=0
 
 echo "== ctest (default build)"
 ctest --test-dir build --output-on-failure || failed=1
+# ctest shows no output for a skipped test; its reason is in the log.
+grep -h '^streamalloc-skip:' build/Testing/Temporary/LastTest.log 2>/dev/null | sort -u | sed 's/^/  skipped, /' || true
 
 echo "== ASan + UBSan: unit tests"
 cmake --preset asan >/dev/null && cmake --build --preset asan -j "$(nproc)" --target unit_tests &&
@@ -23,6 +26,17 @@ cmake --preset tsan >/dev/null && cmake --build --preset tsan -j "$(nproc)" --ta
 
 echo "== libFuzzer harnesses (clang): 20 s each"
 scripts/fuzz.sh 20 || failed=1
+
+echo "== cmake --install, then examples/cpp built against it with find_package(streamalloc)"
+install_dir=$(mktemp -d)
+if cmake --install build --prefix "$install_dir/prefix" >/dev/null &&
+  cmake -S examples/cpp -B "$install_dir/example" -G Ninja -DCMAKE_PREFIX_PATH="$install_dir/prefix" >/dev/null &&
+  cmake --build "$install_dir/example" >/dev/null; then
+  "$install_dir/example/streamalloc_example" || failed=1
+else
+  failed=1
+fi
+rm -rf "$install_dir"
 
 echo "== pytest"
 set +e

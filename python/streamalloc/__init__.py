@@ -15,8 +15,9 @@ own state. Options come from STREAMALLOC_CONF (``key:value,...``) with
 install()'s keyword arguments layered on top; config_keys() lists them.
 
 Without torch, without a GPU or without the compiled extension the package
-still imports; the functions that need them raise ImportError or
-RuntimeError saying what is missing. library_path() serves the plain
+still imports, and config() and config_keys() work (they need only
+libstreamalloc_config.so); the functions that need the rest raise
+ImportError or RuntimeError saying what is missing. library_path() serves the plain
 alternative, torch's own CUDAPluggableAllocator, which needs no extension.
 
 Diagnosis (streamalloc.diagnosis): tag(), attribute() and report() say
@@ -25,13 +26,13 @@ step, max_batch_size() finds the largest batch that fits, and
 last_oom_report() explains the newest out-of-memory error.
 """
 
-from __future__ import annotations
+import os as _os
+import re as _re
+import sys as _sys
 
-import os
-from typing import Any, Dict, List, Tuple
-
-from ._options import to_conf_string
-from ._summary import format_summary
+from . import _config, _libraries
+from ._options import to_conf_string as _to_conf_string
+from ._summary import format_summary as _format_summary
 from .diagnosis import (
     BatchSizeResult,
     LeakFinding,
@@ -48,7 +49,25 @@ from .diagnosis import (
 )
 from .streams import PinnedPool, Prefetcher, to_device
 
-__version__ = "0.1.0"
+
+def _read_version() -> str:
+    """project(streamalloc VERSION ...) of CMakeLists.txt, the one place the
+    version is written: read directly in a checkout, and from the
+    _version.py the wheel build generates from it in an installed copy."""
+    root = _libraries.source_root()
+    if root is not None:
+        with open(_os.path.join(root, "CMakeLists.txt"), encoding="utf-8") as f:
+            match = _re.search(r"project\(streamalloc\s+VERSION\s+([0-9.]+)", f.read())
+        if match:
+            return match.group(1)
+    try:
+        from ._version import __version__ as version
+    except ImportError:
+        return "unknown"
+    return version
+
+
+__version__ = _read_version()
 __all__ = [
     "BatchSizeResult",
     "LeakFinding",
@@ -97,7 +116,7 @@ def _extension():
     except ImportError as error:
         raise ImportError(
             "streamalloc's compiled extension streamalloc._C is missing from "
-            f"{os.path.dirname(os.path.abspath(__file__))}: this copy of the package was not built. "
+            f"{_libraries.PACKAGE_DIR}: this copy of the package was not built. "
             f"Install it from the source tree with `pip install .` ({error})"
         ) from error
     return _C
@@ -125,7 +144,7 @@ def _device_index(device) -> int:
     return torch.cuda.current_device() if device.index is None else device.index
 
 
-def install(**config: Any) -> None:
+def install(**config: object) -> None:
     """Makes streamalloc torch's CUDA allocator for this process.
 
     Keyword arguments are STREAMALLOC_CONF options (see config_keys()),
@@ -151,7 +170,7 @@ def install(**config: Any) -> None:
             "streamalloc.install(): torch sees no CUDA GPU (torch.cuda.is_available() is False); "
             "streamalloc only manages GPU memory"
         )
-    extension.install(to_conf_string(config))
+    extension.install(_to_conf_string(config))
 
 
 def is_installed() -> bool:
@@ -163,7 +182,7 @@ def is_installed() -> bool:
         return False
 
 
-def stats(device=None) -> Dict[str, Any]:
+def stats(device=None) -> dict:
     """torch.cuda.memory_stats()'s keys, with the same meaning, for `device`
     (default: the current device), plus streamalloc's "fragmentation.*"
     metrics: largest_free_block_bytes, free_cached_bytes, external
@@ -178,10 +197,10 @@ def memory_summary(device=None, abbreviated: bool = False) -> str:
     ending with the fragmentation metrics."""
     extension = _installed_extension()
     index = _device_index(device)
-    return format_summary(extension.stats(index), index, abbreviated)
+    return _format_summary(extension.stats(index), index, abbreviated)
 
 
-def snapshot(device=None) -> Dict[str, Any]:
+def snapshot(device=None) -> dict:
     """Segments and blocks in the layout of torch.cuda.memory._snapshot():
     {"segments": [...], "device_traces": [[], ...], "allocator_settings": {...}}.
     With `device` None it covers every device; streamalloc keeps no
@@ -212,30 +231,36 @@ def reset_accumulated_stats(device=None) -> None:
 
 def config() -> str:
     """The options in force (or those install() would use), in
-    STREAMALLOC_CONF syntax."""
-    return _extension().config()
+    STREAMALLOC_CONF syntax, every key with its value. Needs neither torch
+    nor a GPU: until the compiled extension is loaded nothing can have
+    changed them, so they are STREAMALLOC_CONF over the defaults, parsed by
+    the same C++ code. A bad STREAMALLOC_CONF raises ValueError."""
+    extension = _sys.modules.get(__name__ + "._C")
+    if extension is not None:
+        return extension.config()
+    return _config.resolve(_os.environ.get("STREAMALLOC_CONF", ""))
 
 
-def config_keys() -> List[Tuple[str, str]]:
-    """(key, description) for every STREAMALLOC_CONF option."""
-    return [tuple(entry) for entry in _extension().config_keys()]
+def config_keys() -> list:
+    """(key, description) for every STREAMALLOC_CONF option, from the C++
+    key table. Needs neither torch nor a GPU."""
+    return [(key, description) for key, _default, description in _config.key_table()]
 
 
 def library_path() -> str:
-    """Path of libstreamalloc.so shipped in this package, for torch's plain
-    pluggable-allocator path (no compiled extension involved)::
+    """Path of libstreamalloc.so, for torch's plain pluggable-allocator path
+    (no compiled extension involved)::
 
         allocator = torch.cuda.memory.CUDAPluggableAllocator(
             streamalloc.library_path(), "streamalloc_malloc", "streamalloc_free")
         torch.cuda.memory.change_current_allocator(allocator)
 
-    That path only allocates and frees: torch's memory statistics, snapshot,
+    The one shipped in this package; from a source checkout, the one
+    scripts/setup.sh built (build/lib/, or build-gpu/lib/). That path only
+    allocates and frees: torch's memory statistics, snapshot,
     cudnn.benchmark and record_stream need install() instead.
     """
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), _LIBRARY_NAME)
-    if not os.path.isfile(path):
-        raise RuntimeError(
-            f"{_LIBRARY_NAME} is not in {os.path.dirname(path)}: this copy of the package was not "
-            "built. Install it from the source tree with `pip install .`"
-        )
+    path = _libraries.find(_LIBRARY_NAME)
+    if path is None:
+        raise RuntimeError(_libraries.missing_message(_LIBRARY_NAME, "needs the CUDA toolkit to build"))
     return path

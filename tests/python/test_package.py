@@ -114,10 +114,89 @@ def test_gpu_functions_explain_a_missing_extension(monkeypatch):
     assert streamalloc.is_installed() is False
 
 
-def test_library_path_names_the_shipped_library_or_explains():
+def test_library_path_finds_the_built_library_or_explains():
+    from streamalloc import _libraries
+
     try:
         path = streamalloc.library_path()
     except RuntimeError as error:
-        assert "libstreamalloc.so is not in" in str(error) and "pip install ." in str(error)
+        # No CUDA toolkit where this copy was built: the message says how to get one.
+        assert "libstreamalloc.so" in str(error) and "pip install ." in str(error)
+        assert _libraries.find("libstreamalloc.so") is None
     else:
-        assert path.endswith("/libstreamalloc.so")
+        assert path.endswith("/libstreamalloc.so") and os.path.isfile(path)
+
+
+def test_library_path_in_a_checkout_uses_what_setup_sh_built():
+    from streamalloc import _libraries
+
+    root = _libraries.source_root()
+    if root is None:
+        pytest.skip("the package under test is an installed copy, not a checkout")
+    built = os.path.join(root, "build", "lib", "libstreamalloc.so")
+    if not os.path.isfile(built):
+        pytest.skip(f"{built} is not built (scripts/setup.sh builds it when the CUDA toolkit is present)")
+    assert streamalloc.library_path() == built
+
+
+def test_namespace_exports_only_public_names():
+    public = {name for name in dir(streamalloc) if not name.startswith("_")}
+    # `streams` is the public submodule behind PinnedPool, Prefetcher and to_device.
+    assert public == set(streamalloc.__all__) | {"streams"}
+    for name in streamalloc.__all__:
+        assert getattr(streamalloc, name).__doc__, f"streamalloc.{name} has no docstring"
+
+
+def test_version_comes_from_cmakelists():
+    import re
+
+    from streamalloc import _libraries
+
+    cmake = open(os.path.join(os.path.dirname(__file__), "..", "..", "CMakeLists.txt")).read()
+    version = re.search(r"project\(streamalloc\s+VERSION\s+([0-9.]+)", cmake).group(1)
+    if _libraries.source_root() is not None:
+        assert streamalloc.__version__ == version
+    else:  # an installed wheel: the version plus its torch/CUDA label
+        assert re.fullmatch(re.escape(version) + r"(\+torch\d+\.\d+(cu\d+|cpu))?", streamalloc.__version__)
+
+
+@pytest.fixture
+def config_library():
+    from streamalloc import _config, _libraries
+
+    if not os.environ.get("STREAMALLOC_CONFIG_LIBRARY") and _libraries.find(_config.LIBRARY_NAME) is None:
+        pytest.skip("libstreamalloc_config.so is not built here (scripts/setup.sh or pip install . builds it)")
+
+
+def test_config_and_keys_need_no_torch(config_library, monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` now fails
+    monkeypatch.delenv("STREAMALLOC_CONF", raising=False)
+    keys = streamalloc.config_keys()
+    names = [key for key, _ in keys]
+    assert names[0] == "min_block_bytes" and "max_split_size_mb" in names and "stitch_slack" in names
+    assert all(description for _, description in keys)
+    text = streamalloc.config()
+    assert [entry.split(":")[0] for entry in text.split(",")] == names
+    assert "max_split_size_mb:unlimited" in text and "cross_stream_reuse:True" in text
+
+    monkeypatch.setenv("STREAMALLOC_CONF", "max_split_size_mb:256, cross_stream_reuse:False")
+    text = streamalloc.config()
+    assert "max_split_size_mb:256" in text and "cross_stream_reuse:False" in text
+
+
+def test_config_names_a_bad_key_without_torch(config_library, monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch", None)
+    monkeypatch.setenv("STREAMALLOC_CONF", "max_split_size:256")
+    with pytest.raises(ValueError, match=r"unknown key 'max_split_size'; valid keys: min_block_bytes"):
+        streamalloc.config()
+    monkeypatch.setenv("STREAMALLOC_CONF", "memory_fraction:2")
+    with pytest.raises(ValueError, match="memory_fraction"):
+        streamalloc.config()
+
+
+def test_config_asks_the_loaded_extension(monkeypatch):
+    # Once streamalloc._C is loaded (install() ran), the allocator's own settings answer.
+    fake = types.ModuleType("streamalloc._C")
+    fake.config = lambda: "from the extension"
+    monkeypatch.setitem(sys.modules, "streamalloc._C", fake)
+    assert streamalloc.config() == "from the extension"

@@ -1,0 +1,78 @@
+"""The tools a user touches, on any machine: plot_replay.py's one-line
+error without matplotlib, the version the tools print, and the build
+backend's message without scikit-build-core and its wheel version."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+VERSION = re.search(r"project\(streamalloc\s+VERSION\s+([0-9.]+)", (REPO / "CMakeLists.txt").read_text()).group(1)
+
+
+def test_plot_replay_names_matplotlib_when_it_is_missing(tmp_path):
+    # A matplotlib that fails to import stands in for a missing one.
+    fake = tmp_path / "matplotlib"
+    fake.mkdir()
+    (fake / "__init__.py").write_text("raise ImportError('No module named matplotlib')\n")
+    run = subprocess.run([sys.executable, str(REPO / "scripts" / "plot_replay.py"), "-o", str(tmp_path / "out.png"),
+                          "streamalloc=" + str(tmp_path / "missing.csv")],
+                         capture_output=True, text=True, env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"})
+    assert run.returncode != 0
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1, run.stderr
+    assert "Traceback" not in run.stderr
+    assert "needs matplotlib" in lines[0] and "pip install matplotlib" in lines[0]
+
+
+BACKEND = REPO / "python" / "build_backend" / "streamalloc_build.py"
+
+
+def test_build_backend_without_scikit_build_core_says_what_to_install():
+    code = ("import sys; sys.modules['scikit_build_core'] = None; "
+            f"sys.path.insert(0, {str(BACKEND.parent)!r}); import streamalloc_build")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert run.returncode == 1
+    assert "Traceback" not in run.stderr
+    assert len(run.stderr.strip().splitlines()) == 1, run.stderr
+    assert "scikit-build-core" in run.stderr and "--no-build-isolation" in run.stderr
+
+
+def _backend_with_stub_skbuild(monkeypatch):
+    stub = types.ModuleType("scikit_build_core")
+    stub.build = types.ModuleType("scikit_build_core.build")
+    monkeypatch.setitem(sys.modules, "scikit_build_core", stub)
+    monkeypatch.setitem(sys.modules, "scikit_build_core.build", stub.build)
+    spec = importlib.util.spec_from_file_location("streamalloc_build_under_test", BACKEND)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_wheel_version_is_cmake_version_with_the_torch_build(monkeypatch, tmp_path):
+    backend = _backend_with_stub_skbuild(monkeypatch)
+    assert backend.base_version() == VERSION
+    assert backend.local_label("2.11.0+cu130", "13.0") == "torch2.11cu130"
+    assert backend.local_label("2.7.1", "12.8") == "torch2.7cu128"
+    assert backend.local_label("2.11.0+cpu", "") == "torch2.11cpu"
+    assert backend.local_label("", "") == ""
+    # The file scikit-build-core's regex provider reads.
+    monkeypatch.setattr(backend, "VERSION_FILE", str(tmp_path / "_version.py"))
+    monkeypatch.setattr(backend, "torch_versions", lambda: ("2.11.0+cu130", "13.0"))
+    assert backend.write_version() == VERSION + "+torch2.11cu130"
+    scope: dict = {}
+    exec((tmp_path / "_version.py").read_text(), scope)
+    assert scope["__version__"] == VERSION + "+torch2.11cu130"
+    assert backend.write_version(with_label=False) == VERSION
+
+
+def test_scripts_print_the_version():
+    for script in ("plot_replay.py", "capture_trace.py", "config_doc.py"):
+        run = subprocess.run([sys.executable, str(REPO / "scripts" / script), "--version"],
+                             capture_output=True, text=True, check=True)
+        assert run.stdout.strip() == f"{script} {VERSION}"
