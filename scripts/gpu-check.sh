@@ -187,7 +187,12 @@ step_stage() {
   rm -rf "$site_dir"
   mkdir -p "$site_dir/streamalloc"
   cp "$repo_root"/python/streamalloc/*.py "$site_dir/streamalloc/"
-  cp "$build_dir"/lib/_C*.so "$build_dir/lib/libstreamalloc.so" "$site_dir/streamalloc/"
+  cp "$build_dir"/lib/_C*.so "$build_dir"/lib/libstreamalloc.so "$build_dir"/lib/libstreamalloc_config.so \
+    "$site_dir/streamalloc/"
+  # The version an installed copy reads (the wheel build writes the same file).
+  local version
+  version=$(sed -n 's/^project(streamalloc VERSION \([0-9.]*\).*/\1/p' "$repo_root/CMakeLists.txt")
+  echo "__version__ = \"$version\"" >"$site_dir/streamalloc/_version.py"
 }
 
 step_pytest() {

@@ -141,8 +141,9 @@ def test_library_path_in_a_checkout_uses_what_setup_sh_built():
 
 def test_namespace_exports_only_public_names():
     public = {name for name in dir(streamalloc) if not name.startswith("_")}
-    # `streams` is the public submodule behind PinnedPool, Prefetcher and to_device.
-    assert public == set(streamalloc.__all__) | {"streams"}
+    # `streams` and `diagnosis` are the public submodules behind PinnedPool,
+    # Prefetcher, to_device and the diagnosis functions.
+    assert public == set(streamalloc.__all__) | {"streams", "diagnosis"}
     for name in streamalloc.__all__:
         assert getattr(streamalloc, name).__doc__, f"streamalloc.{name} has no docstring"
 
