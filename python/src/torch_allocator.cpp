@@ -63,8 +63,6 @@ void* tag(void* ptr, c10::DeviceIndex device) {
   return reinterpret_cast<void*>(address | static_cast<std::uintptr_t>(device));
 }
 
-c10::DataPtr tagged_data_ptr(void* ptr, c10::DeviceIndex device);
-
 // The DataPtr deleter. It runs inside destructors, so it reports a failed
 // free on stderr instead of throwing; a failure means a bug, never a normal
 // condition.

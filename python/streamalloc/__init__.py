@@ -33,6 +33,7 @@ import sys as _sys
 from . import _config, _libraries
 from ._options import to_conf_string as _to_conf_string
 from ._summary import format_summary as _format_summary
+from . import diagnosis
 from .diagnosis import (
     BatchSizeResult,
     LeakFinding,
@@ -68,19 +69,7 @@ def _read_version() -> str:
 
 
 __version__ = _read_version()
-__all__ = [
-    "BatchSizeResult",
-    "LeakFinding",
-    "LeakWarning",
-    "attribute",
-    "disable_tagging",
-    "enable_tagging",
-    "last_oom_report",
-    "max_batch_size",
-    "report",
-    "tag",
-    "tagging_enabled",
-    "watch",
+__all__ = diagnosis.__all__ + [
     "config",
     "config_keys",
     "empty_cache",

@@ -260,10 +260,26 @@ void caching_allocator::take_block_locked(block* b, std::size_t rounded, std::si
     b->size = rounded;
     insert_free_locked(rest);
   }
+  mark_allocated_locked(b, requested);
+}
+
+void caching_allocator::unmark_allocated_locked(block* b) {
+  b->allocated = false;
+  segment* s = b->owner;
+  // free_completed follows, now or once the block's stream uses end
+  // (return_to_pool_locked), as in torch's history.
+  record_trace_locked(trace_action::free_requested, b->address, b->requested_size, b->stream, s->pool);
+  update_stat(stats_.allocation, s, -1);
+  update_stat(stats_.allocated_bytes, s, -static_cast<std::int64_t>(b->size));
+  update_stat(stats_.requested_bytes, s, -static_cast<std::int64_t>(b->requested_size));
+  if (policy_.is_oversize(b->size)) stats_.oversize_allocations.decrease(1);
+}
+
+void caching_allocator::mark_allocated_locked(block* b, std::size_t requested) {
   b->allocated = true;
   b->requested_size = requested;
   allocated_.insert(b->address, b);
-
+  segment* s = b->owner;
   const auto size = static_cast<std::int64_t>(b->size);
   update_stat(stats_.allocation, s, 1);
   update_stat(stats_.allocated_bytes, s, size);
@@ -283,16 +299,7 @@ void caching_allocator::free(void* ptr) {
   locked_call call(*this);
   block* b = allocated_.erase(to_address(ptr));
   if (b == nullptr) throw usage_error(describe_unknown_pointer_locked(ptr));
-  b->allocated = false;
-
-  segment* s = b->owner;
-  // free_completed follows, now or once the block's stream uses end
-  // (return_to_pool_locked), as in torch's history.
-  record_trace_locked(trace_action::free_requested, b->address, b->requested_size, b->stream, s->pool);
-  update_stat(stats_.allocation, s, -1);
-  update_stat(stats_.allocated_bytes, s, -static_cast<std::int64_t>(b->size));
-  update_stat(stats_.requested_bytes, s, -static_cast<std::int64_t>(b->requested_size));
-  if (policy_.is_oversize(b->size)) stats_.oversize_allocations.decrease(1);
+  unmark_allocated_locked(b);
 
   if (b->stream_uses.empty()) {
     return_to_pool_locked(b);

@@ -277,31 +277,9 @@ std::vector<segment*> caching_allocator::restorable_segments_locked(const pool_c
 
 void caching_allocator::end_allocation_locked(block* b) {
   allocated_.erase(b->address);
-  b->allocated = false;
-  segment* s = b->owner;
-  update_stat(stats_.allocation, s, -1);
-  update_stat(stats_.allocated_bytes, s, -static_cast<std::int64_t>(b->size));
-  update_stat(stats_.requested_bytes, s, -static_cast<std::int64_t>(b->requested_size));
-  if (policy_.is_oversize(b->size)) stats_.oversize_allocations.decrease(1);
+  unmark_allocated_locked(b);
   b->stream_uses.clear();
-  record_trace_locked(trace_action::free_requested, b->address, b->requested_size, b->stream, s->pool);
   return_to_pool_locked(b);
-}
-
-void caching_allocator::mark_allocated_locked(block* b, std::size_t requested) {
-  // The bookkeeping of take_block_locked, for a block already cut to size.
-  b->allocated = true;
-  b->requested_size = requested;
-  allocated_.insert(b->address, b);
-  segment* s = b->owner;
-  const auto size = static_cast<std::int64_t>(b->size);
-  update_stat(stats_.allocation, s, 1);
-  update_stat(stats_.allocated_bytes, s, size);
-  update_stat(stats_.active, s, 1);
-  update_stat(stats_.active_bytes, s, size);
-  update_stat(stats_.requested_bytes, s, static_cast<std::int64_t>(requested));
-  if (policy_.is_oversize(b->size)) stats_.oversize_allocations.increase(1);
-  record_trace_locked(trace_action::alloc, b->address, requested, b->stream, s->pool);
 }
 
 void caching_allocator::rebuild_segment_locked(segment* s, const pool_checkpoint::segment_state& state,

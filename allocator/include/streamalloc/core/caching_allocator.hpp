@@ -307,7 +307,11 @@ class caching_allocator {
   std::vector<segment*> restorable_segments_locked(const pool_checkpoint& state) const;
   // Ends an allocation that restore_pool declares dead: no events, no uses.
   void end_allocation_locked(block* b);
+  // The bookkeeping of handing out a block already cut to size, and of
+  // taking it back once the caller has removed it from the pointer map
+  // (before its memory is reusable).
   void mark_allocated_locked(block* b, std::size_t requested);
+  void unmark_allocated_locked(block* b);
   void rebuild_segment_locked(segment* s, const pool_checkpoint::segment_state& state, pool_restore_result* out);
   // Adds to (or, negative, takes from) the "all" entry and the segment's pool entry.
   static void update_stat(stat_array& array, const segment* s, std::int64_t delta) {
