@@ -89,6 +89,8 @@ def disable_tagging() -> None:
 
 
 def tagging_enabled() -> bool:
+    """Whether allocation tags are being recorded (enable_tagging, or a
+    tag(), attribute() or watch() that turned them on)."""
     return _ext().tagging_options() is not None
 
 
