@@ -35,6 +35,22 @@ def parser(doc, steps):
     return p
 
 
+def llama_config(tiny, tiny_positions):
+    """The Llama of the HF workloads: about 160M parameters, or a tiny one
+    for CPU smoke runs with `tiny_positions` positions."""
+    from transformers import LlamaConfig
+
+    if tiny:
+        return LlamaConfig(
+            vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=tiny_positions, attn_implementation="sdpa",
+        )
+    return LlamaConfig(
+        vocab_size=32000, hidden_size=1024, intermediate_size=2816, num_hidden_layers=8, num_attention_heads=16,
+        num_key_value_heads=8, max_position_embeddings=2048, attn_implementation="sdpa",
+    )
+
+
 class run:
     """The run of one workload: seeds everything, checks the device, and
     gives side streams and pinned memory that do nothing on the CPU.

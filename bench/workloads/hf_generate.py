@@ -18,19 +18,9 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _workload  # noqa: E402  (sets the offline variables before transformers loads)
 import torch  # noqa: E402
-from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
+from transformers import LlamaForCausalLM  # noqa: E402
 
-
-def llama_config(tiny):
-    if tiny:
-        return LlamaConfig(
-            vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, max_position_embeddings=256, attn_implementation="sdpa",
-        )
-    return LlamaConfig(
-        vocab_size=32000, hidden_size=1024, intermediate_size=2816, num_hidden_layers=8, num_attention_heads=16,
-        num_key_value_heads=8, max_position_embeddings=2048, attn_implementation="sdpa",
-    )
+TINY_POSITIONS = 256  # positions of the tiny model of CPU smoke runs
 
 
 def left_padded_prompts(w, batch, longest, min_len, vocab, pad):
@@ -59,7 +49,7 @@ def main():
         args.max_batch, args.min_prompt, args.max_prompt, args.min_new, args.max_new = 3, 4, 16, 2, 6
     w = _workload.run(f"hf_generate_{args.cache}", args)
 
-    config = llama_config(args.tiny)
+    config = _workload.llama_config(args.tiny, TINY_POSITIONS)
     model = LlamaForCausalLM(config).to(device=w.device, dtype=w.dtype()).eval()
     pad = 0
     generated = 0

@@ -17,19 +17,9 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _workload  # noqa: E402  (sets the offline variables before transformers loads)
 import torch  # noqa: E402
-from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
+from transformers import LlamaForCausalLM  # noqa: E402
 
-
-def llama_config(tiny):
-    if tiny:
-        return LlamaConfig(
-            vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, max_position_embeddings=128, attn_implementation="sdpa",
-        )
-    return LlamaConfig(
-        vocab_size=32000, hidden_size=1024, intermediate_size=2816, num_hidden_layers=8, num_attention_heads=16,
-        num_key_value_heads=8, max_position_embeddings=2048, attn_implementation="sdpa",
-    )
+TINY_POSITIONS = 128  # positions of the tiny model of CPU smoke runs
 
 
 def main():
@@ -43,7 +33,7 @@ def main():
         args.batch, args.min_len, args.max_len = 2, 8, 32
     w = _workload.run("hf_llama_train" + ("_ckpt" if args.checkpointing else ""), args)
 
-    config = llama_config(args.tiny)
+    config = _workload.llama_config(args.tiny, TINY_POSITIONS)
     config.use_cache = False
     model = LlamaForCausalLM(config).to(w.device).train()
     if args.checkpointing:
