@@ -8,7 +8,8 @@
 
 #include <string>
 
-#include "streamalloc/backend/cuda_device_guard.hpp"
+#include "cuda_device_guard.hpp"
+#include "cuda_status.hpp"
 #include "streamalloc/streams/host_memory.hpp"
 
 namespace streamalloc {
@@ -21,32 +22,6 @@ struct cuda_event {
 
 cuda_event* as_event(event_handle handle) { return reinterpret_cast<cuda_event*>(handle); }
 
-status_code code_for(cudaError_t error) {
-  switch (error) {
-    case cudaErrorMemoryAllocation:
-      return status_code::out_of_memory;
-    case cudaErrorNoDevice:
-    case cudaErrorInvalidDevice:
-    case cudaErrorInsufficientDriver:
-    case cudaErrorInitializationError:
-      return status_code::no_device;
-    case cudaErrorInvalidValue:
-    case cudaErrorInvalidResourceHandle:
-    case cudaErrorHostMemoryAlreadyRegistered:
-    case cudaErrorHostMemoryNotRegistered:
-      return status_code::invalid_argument;
-    default:
-      return status_code::device_error;
-  }
-}
-
-// The runtime also keeps a failure as the thread's last error, which torch
-// checks after its own launches; one reported here must not surface there.
-status failure(cudaError_t error, const std::string& what) {
-  (void)cudaGetLastError();
-  return {code_for(error), what + " failed: " + cudaGetErrorName(error) + ": " + cudaGetErrorString(error)};
-}
-
 }  // namespace
 
 cuda_host_backend::cuda_host_backend(int touch_threads) : touch_threads_(touch_threads) {}
@@ -56,14 +31,14 @@ status cuda_host_backend::allocate_pinned(std::size_t bytes, pin_method method, 
   // Portable: the memory counts as pinned for every device's context.
   if (method == pin_method::host_alloc) {
     const cudaError_t error = cudaHostAlloc(out, bytes, cudaHostAllocPortable);
-    if (error != cudaSuccess) return failure(error, "cudaHostAlloc of " + std::to_string(bytes) + " bytes");
+    if (error != cudaSuccess) return cuda_failure(error, "cudaHostAlloc of " + std::to_string(bytes) + " bytes");
     return status::success();
   }
   void* ptr = nullptr;
   if (status st = map_host_pages(bytes, touch_threads_, &ptr); !st) return st;
   const cudaError_t error = cudaHostRegister(ptr, bytes, cudaHostRegisterPortable);
   if (error != cudaSuccess) {
-    const status st = failure(error, "cudaHostRegister of " + std::to_string(bytes) + " bytes");
+    const status st = cuda_failure(error, "cudaHostRegister of " + std::to_string(bytes) + " bytes");
     unmap_host_pages(ptr, bytes);
     return st;
   }
@@ -74,20 +49,20 @@ status cuda_host_backend::allocate_pinned(std::size_t bytes, pin_method method, 
 status cuda_host_backend::release_pinned(void* ptr, std::size_t bytes, pin_method method) {
   if (method == pin_method::host_alloc) {
     const cudaError_t error = cudaFreeHost(ptr);
-    if (error != cudaSuccess) return failure(error, "cudaFreeHost");
+    if (error != cudaSuccess) return cuda_failure(error, "cudaFreeHost");
     return status::success();
   }
   const cudaError_t error = cudaHostUnregister(ptr);
-  if (error != cudaSuccess) return failure(error, "cudaHostUnregister");
+  if (error != cudaSuccess) return cuda_failure(error, "cudaHostUnregister");
   return unmap_host_pages(ptr, bytes);
 }
 
 status cuda_host_backend::create_event(int device, event_handle* out) {
   cuda_device_guard guard(device);
-  if (guard.error() != cudaSuccess) return failure(guard.error(), "selecting CUDA device " + std::to_string(device));
+  if (guard.error() != cudaSuccess) return cuda_failure(guard.error(), "selecting CUDA device " + std::to_string(device));
   cudaEvent_t event = nullptr;
   const cudaError_t error = cudaEventCreateWithFlags(&event, cudaEventDisableTiming);
-  if (error != cudaSuccess) return failure(error, "cudaEventCreate on device " + std::to_string(device));
+  if (error != cudaSuccess) return cuda_failure(error, "cudaEventCreate on device " + std::to_string(device));
   *out = reinterpret_cast<event_handle>(new cuda_event{event, device});
   return status::success();
 }
@@ -97,16 +72,16 @@ status cuda_host_backend::destroy_event(event_handle handle) {
   cuda_device_guard guard(e->device);
   const cudaError_t error = cudaEventDestroy(e->event);
   delete e;
-  if (error != cudaSuccess) return failure(error, "cudaEventDestroy");
+  if (error != cudaSuccess) return cuda_failure(error, "cudaEventDestroy");
   return status::success();
 }
 
 status cuda_host_backend::record_event(event_handle handle, stream_handle stream) {
   cuda_event* e = as_event(handle);
   cuda_device_guard guard(e->device);
-  if (guard.error() != cudaSuccess) return failure(guard.error(), "selecting CUDA device " + std::to_string(e->device));
+  if (guard.error() != cudaSuccess) return cuda_failure(guard.error(), "selecting CUDA device " + std::to_string(e->device));
   const cudaError_t error = cudaEventRecord(e->event, reinterpret_cast<cudaStream_t>(stream));
-  if (error != cudaSuccess) return failure(error, "cudaEventRecord on device " + std::to_string(e->device));
+  if (error != cudaSuccess) return cuda_failure(error, "cudaEventRecord on device " + std::to_string(e->device));
   return status::success();
 }
 
@@ -117,30 +92,30 @@ status cuda_host_backend::query_event(event_handle handle, bool* done) {
     *done = error == cudaSuccess;
     return status::success();
   }
-  return failure(error, "cudaEventQuery");
+  return cuda_failure(error, "cudaEventQuery");
 }
 
 status cuda_host_backend::synchronize_event(event_handle handle) {
   const cudaError_t error = cudaEventSynchronize(as_event(handle)->event);
-  if (error != cudaSuccess) return failure(error, "cudaEventSynchronize");
+  if (error != cudaSuccess) return cuda_failure(error, "cudaEventSynchronize");
   return status::success();
 }
 
 status cuda_host_backend::copy_to_device_async(void* device_dst, const void* pinned_src, std::size_t bytes,
                                                stream_handle stream, int device) {
   cuda_device_guard guard(device);
-  if (guard.error() != cudaSuccess) return failure(guard.error(), "selecting CUDA device " + std::to_string(device));
+  if (guard.error() != cudaSuccess) return cuda_failure(guard.error(), "selecting CUDA device " + std::to_string(device));
   const cudaError_t error =
       cudaMemcpyAsync(device_dst, pinned_src, bytes, cudaMemcpyHostToDevice, reinterpret_cast<cudaStream_t>(stream));
-  if (error != cudaSuccess) return failure(error, "cudaMemcpyAsync of " + std::to_string(bytes) + " bytes to device");
+  if (error != cudaSuccess) return cuda_failure(error, "cudaMemcpyAsync of " + std::to_string(bytes) + " bytes to device");
   return status::success();
 }
 
 status cuda_host_backend::synchronize_device(int device) {
   cuda_device_guard guard(device);
-  if (guard.error() != cudaSuccess) return failure(guard.error(), "selecting CUDA device " + std::to_string(device));
+  if (guard.error() != cudaSuccess) return cuda_failure(guard.error(), "selecting CUDA device " + std::to_string(device));
   const cudaError_t error = cudaDeviceSynchronize();
-  if (error != cudaSuccess) return failure(error, "cudaDeviceSynchronize on device " + std::to_string(device));
+  if (error != cudaSuccess) return cuda_failure(error, "cudaDeviceSynchronize on device " + std::to_string(device));
   return status::success();
 }
 

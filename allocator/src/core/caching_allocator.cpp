@@ -128,7 +128,7 @@ void* caching_allocator::allocate_locked(std::size_t bytes, stream_handle stream
   // unused cached segments when reserved memory nears the cap.
   if (found == nullptr) {
     if (config_.garbage_collection_threshold > 0.0 && !capturing) {
-      const double reserved = static_cast<double>(stats_.reserved_bytes[0].current);
+      const double reserved = static_cast<double>(at(stats_.reserved_bytes, stat_type::all).current);
       if (reserved > config_.garbage_collection_threshold * static_cast<double>(allowed_bytes_)) {
         release_unused_segments_locked();
       }
@@ -207,7 +207,7 @@ block* caching_allocator::borrow_from_other_stream_locked(free_block_set& free_s
 block* caching_allocator::grow_locked(std::size_t rounded, stream_handle stream, pool_id pool) {
   std::size_t segment_bytes = 0;
   if (!policy_.segment_size(rounded, &segment_bytes)) return nullptr;
-  const auto reserved = static_cast<std::size_t>(stats_.reserved_bytes[0].current);
+  const auto reserved = static_cast<std::size_t>(at(stats_.reserved_bytes, stat_type::all).current);
   if (segment_bytes > allowed_bytes_ || reserved > allowed_bytes_ - segment_bytes) return nullptr;
 
   void* ptr = nullptr;
@@ -712,9 +712,9 @@ void caching_allocator::fill_fragmentation_locked(device_stats* out) const {
   out->largest_free_block_bytes = static_cast<std::int64_t>(largest);
   out->free_cached_bytes = static_cast<std::int64_t>(total);
   out->external_fragmentation = total == 0 ? 0.0 : 1.0 - static_cast<double>(largest) / static_cast<double>(total);
-  const std::int64_t allocated = stats_.allocated_bytes[0].current;
+  const std::int64_t allocated = at(stats_.allocated_bytes, stat_type::all).current;
   out->reserved_allocated_ratio =
-      allocated == 0 ? 0.0 : static_cast<double>(stats_.reserved_bytes[0].current) / static_cast<double>(allocated);
+      allocated == 0 ? 0.0 : static_cast<double>(at(stats_.reserved_bytes, stat_type::all).current) / static_cast<double>(allocated);
 }
 
 void caching_allocator::cache_info(std::size_t* largest_free_bytes, std::size_t* total_free_bytes) const {
@@ -821,8 +821,8 @@ void caching_allocator::raise_oom_locked(std::size_t requested, stream_handle st
   context.device_total_bytes = device_total_bytes_;
   device_memory_info info;
   if (backend_.memory_info(&info)) context.device_free_bytes = info.free_bytes;
-  context.allocated_bytes = static_cast<std::size_t>(stats_.allocated_bytes[0].current);
-  context.reserved_bytes = static_cast<std::size_t>(stats_.reserved_bytes[0].current);
+  context.allocated_bytes = static_cast<std::size_t>(at(stats_.allocated_bytes, stat_type::all).current);
+  context.reserved_bytes = static_cast<std::size_t>(at(stats_.reserved_bytes, stat_type::all).current);
   context.allowed_bytes = allowed_bytes_;
   for (const auto& [id, p] : private_pools_) {
     for (const free_block_set* set : {&p.free.small, &p.free.large}) {
@@ -872,8 +872,8 @@ void caching_allocator::validate() const {
   std::size_t allocated_blocks = 0;
   std::int64_t pending_from_blocks = 0;
   auto bump = [](stat_array& array, const segment* s, std::int64_t delta) {
-    array[0].current += delta;
-    array[s->is_small ? 1 : 2].current += delta;
+    at(array, stat_type::all).current += delta;
+    at(array, pool_stat(s->is_small)).current += delta;
   };
   std::vector<physical_handle> mapped_chunks;
   std::size_t unmapped_blocks = 0;

@@ -103,7 +103,7 @@ block* caching_allocator::grow_expandable_locked(std::size_t rounded, stream_han
 
   // New chunks for the rest, within the memory-fraction cap (which counts
   // the stolen chunks too: they are about to be mapped again).
-  const std::size_t reserved = static_cast<std::size_t>(stats_.reserved_bytes[0].current) + stolen * chunk_bytes_;
+  const std::size_t reserved = static_cast<std::size_t>(at(stats_.reserved_bytes, stat_type::all).current) + stolen * chunk_bytes_;
   std::size_t created_bytes = 0;
   while (handles.size() < where.chunks) {
     if (reserved + created_bytes > allowed_bytes_ || allowed_bytes_ - reserved - created_bytes < chunk_bytes_) break;
@@ -141,9 +141,9 @@ bool caching_allocator::stitching_wanted_locked(std::size_t chunks, std::size_t 
   // The ratio that matters is peak reserved over peak allocated: growth
   // that keeps reserved within the slack of the allocation peak costs
   // nothing there, so only growth beyond it is replaced by stitching.
-  const std::int64_t level = stats_.allocated_bytes[0].current + static_cast<std::int64_t>(rounded);
-  const double peak = static_cast<double>(std::max(stats_.allocated_bytes[0].peak, level));
-  const double after = static_cast<double>(stats_.reserved_bytes[0].current) + static_cast<double>(chunks * chunk_bytes_);
+  const std::int64_t level = at(stats_.allocated_bytes, stat_type::all).current + static_cast<std::int64_t>(rounded);
+  const double peak = static_cast<double>(std::max(at(stats_.allocated_bytes, stat_type::all).peak, level));
+  const double after = static_cast<double>(at(stats_.reserved_bytes, stat_type::all).current) + static_cast<double>(chunks * chunk_bytes_);
   if (after <= (1.0 + config_.stitch_slack) * peak) return false;
   // A workload that repeats itself at the same levels of allocated memory
   // would otherwise stitch again every iteration: each stitch leaves holes
@@ -153,7 +153,7 @@ bool caching_allocator::stitching_wanted_locked(std::size_t chunks, std::size_t 
 }
 
 void caching_allocator::count_stitch_locked(std::size_t rounded) {
-  const std::int64_t level = stats_.allocated_bytes[0].current + static_cast<std::int64_t>(rounded);
+  const std::int64_t level = at(stats_.allocated_bytes, stat_type::all).current + static_cast<std::int64_t>(rounded);
   if (level > stitch_level_) {
     stitch_level_ = level;
     repeat_stitches_ = 0;

@@ -3,12 +3,13 @@
 // throws or aborts. The slow paths (segment growth, release, device-wide
 // synchronize) are NVTX ranges in domain "streamalloc" for Nsight traces.
 #include "streamalloc/backend/cuda_backend.hpp"
-#include "streamalloc/backend/cuda_device_guard.hpp"
 
 #include <cuda_runtime_api.h>
 
 #include <string>
 
+#include "cuda_device_guard.hpp"
+#include "cuda_status.hpp"
 #include "nvtx_ranges.hpp"
 #include "streamalloc/backend/vmm_backend.hpp"
 #include "streamalloc/util/errors.hpp"
@@ -16,40 +17,12 @@
 namespace streamalloc {
 namespace {
 
-status_code code_for(cudaError_t error) {
-  switch (error) {
-    case cudaErrorMemoryAllocation:
-      return status_code::out_of_memory;
-    case cudaErrorNoDevice:
-    case cudaErrorInvalidDevice:
-    case cudaErrorInsufficientDriver:
-    case cudaErrorStubLibrary:
-    case cudaErrorDevicesUnavailable:
-    case cudaErrorSystemDriverMismatch:
-    case cudaErrorCompatNotSupportedOnDevice:
-    case cudaErrorInitializationError:
-      return status_code::no_device;
-    case cudaErrorInvalidValue:
-    case cudaErrorInvalidResourceHandle:
-    case cudaErrorInvalidDevicePointer:
-      return status_code::invalid_argument;
-    default:
-      return status_code::device_error;
-  }
-}
-
 std::string describe(cudaError_t error) {
   return std::string(cudaGetErrorName(error)) + ": " + cudaGetErrorString(error);
 }
 
-// Builds the status for a failed runtime call. The runtime also keeps the
-// error as the thread's "last error"; torch checks cudaGetLastError() after
-// its kernel launches, so a failure we already reported (an OOM the caching
-// allocator recovers from, say) must not resurface there. Sticky errors
-// (a faulted context) cannot be cleared and keep failing later calls.
 status failure(cudaError_t error, int device, const std::string& what) {
-  (void)cudaGetLastError();
-  return {code_for(error), what + " on CUDA device " + std::to_string(device) + " failed: " + describe(error)};
+  return cuda_failure(error, what + " on CUDA device " + std::to_string(device));
 }
 
 // Switches this thread to relaxed stream-capture mode for its lifetime: a

@@ -3,7 +3,6 @@
 // point lookup, resolved once; every failure becomes a status naming the
 // driver call, the device and the driver's error text. Nothing here throws.
 #include "streamalloc/backend/vmm_backend.hpp"
-#include "streamalloc/backend/cuda_device_guard.hpp"
 
 #include <cuda.h>
 #include <cudaTypedefs.h>
@@ -19,6 +18,7 @@
 #include <mutex>
 #include <string>
 
+#include "cuda_device_guard.hpp"
 #include "nvtx_ranges.hpp"
 #include "streamalloc/util/errors.hpp"
 

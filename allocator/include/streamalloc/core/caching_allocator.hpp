@@ -315,12 +315,12 @@ class caching_allocator {
   void rebuild_segment_locked(segment* s, const pool_checkpoint::segment_state& state, pool_restore_result* out);
   // Adds to (or, negative, takes from) the "all" entry and the segment's pool entry.
   static void update_stat(stat_array& array, const segment* s, std::int64_t delta) {
-    stat_counter& pool = array[s->is_small ? 1 : 2];
+    stat_counter& pool = at(array, pool_stat(s->is_small));
     if (delta >= 0) {
-      array[0].increase(delta);
+      at(array, stat_type::all).increase(delta);
       pool.increase(delta);
     } else {
-      array[0].decrease(-delta);
+      at(array, stat_type::all).decrease(-delta);
       pool.decrease(-delta);
     }
   }

@@ -35,6 +35,13 @@ enum class stat_type : int { all = 0, small_pool = 1, large_pool = 2 };
 constexpr int k_stat_type_count = 3;
 using stat_array = std::array<stat_counter, k_stat_type_count>;
 
+// A stat_array's slot by name, and the slot of a pool kind.
+inline stat_counter& at(stat_array& array, stat_type type) { return array[static_cast<std::size_t>(type)]; }
+inline const stat_counter& at(const stat_array& array, stat_type type) {
+  return array[static_cast<std::size_t>(type)];
+}
+inline stat_type pool_stat(bool is_small) { return is_small ? stat_type::small_pool : stat_type::large_pool; }
+
 struct device_stats {
   stat_array allocation;           // number of allocated blocks
   stat_array segment;              // number of segments
