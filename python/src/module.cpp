@@ -35,8 +35,12 @@ void set_out_of_memory_error(const char* message) {
   }
 }
 
-// out_of_memory -> torch.cuda.OutOfMemoryError; usage and config errors ->
-// ValueError; device failures and torch's own errors -> RuntimeError.
+// For this module's functions only (a module-local translator: a global
+// one would also see every exception of torch's own bindings, which share
+// pybind11's registry, and turn torch's ValueError and TypeError into
+// RuntimeError). out_of_memory -> torch.cuda.OutOfMemoryError; usage and
+// config errors -> ValueError; device failures -> RuntimeError; torch's
+// errors keep their Python types.
 void translate_exception(std::exception_ptr pending) {
   try {
     if (pending) std::rethrow_exception(pending);
@@ -44,6 +48,14 @@ void translate_exception(std::exception_ptr pending) {
     set_out_of_memory_error(e.what());
   } catch (const c10::OutOfMemoryError& e) {
     set_out_of_memory_error(e.what_without_backtrace());
+  } catch (const c10::ValueError& e) {
+    PyErr_SetString(PyExc_ValueError, e.what_without_backtrace());
+  } catch (const c10::TypeError& e) {
+    PyErr_SetString(PyExc_TypeError, e.what_without_backtrace());
+  } catch (const c10::IndexError& e) {
+    PyErr_SetString(PyExc_IndexError, e.what_without_backtrace());
+  } catch (const c10::NotImplementedError& e) {
+    PyErr_SetString(PyExc_NotImplementedError, e.what_without_backtrace());
   } catch (const c10::Error& e) {
     PyErr_SetString(PyExc_RuntimeError, e.what_without_backtrace());
   } catch (const usage_error& e) {
@@ -140,7 +152,7 @@ py::list config_keys() {
 PYBIND11_MODULE(_C, m) {
   using namespace streamalloc;
   m.doc() = "streamalloc's C++ side; use the `streamalloc` package rather than this module.";
-  py::register_exception_translator(&translate_exception);
+  py::register_local_exception_translator(&translate_exception);
 
   m.def("install", &install_torch_allocator, py::arg("config") = std::string(),
         "Registers streamalloc as torch's CUDA allocator, with `config` (`key:value,...`) layered on "

@@ -271,7 +271,8 @@ struct py_pinned_pool {
 }  // namespace
 
 void bind_streams(py::module_& m) {
-  py::register_exception_translator([](std::exception_ptr pending) {
+  // Module-local, like the module's own translator (module.cpp).
+  py::register_local_exception_translator([](std::exception_ptr pending) {
     try {
       if (pending) std::rethrow_exception(pending);
     } catch (const pinned_out_of_memory& e) {

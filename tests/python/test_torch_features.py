@@ -126,6 +126,14 @@ def test_settings_at_run_time(torch_api):
     assert any("release_lock_on_cudamalloc" in w for w in ours["ignored_key_warnings"])
 
 
+def test_torch_errors_keep_their_python_types(torch_api):
+    ours, native = torch_api["streamalloc"], torch_api["native"]
+    for key in ("unknown_key_error", "bad_fraction_error", "bad_index_error"):
+        assert native[key] is not None, key
+        assert ours[key] == native[key], key
+    assert native["unknown_key_error"] == "ValueError"
+
+
 def test_oom_wording_and_fraction_zero_like_torch(torch_api):
     ours, native = torch_api["streamalloc"], torch_api["native"]
     assert "Tried to allocate 800000000.00 GiB" in native["huge_oom"]

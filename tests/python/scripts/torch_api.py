@@ -46,6 +46,19 @@ with warnings.catch_warnings(record=True) as caught:
     torch.cuda.memory._set_allocator_settings("release_lock_on_cudamalloc:True")
 result["ignored_key_warnings"] = [str(w.message) for w in caught]
 
+# --- torch's own errors keep their Python types with streamalloc loaded
+def error_type(call):
+    try:
+        call()
+    except Exception as error:  # the type is the result
+        return type(error).__name__
+    return None
+
+
+result["unknown_key_error"] = error_type(lambda: torch._C._accelerator_setAllocatorSettings("foo:1,bar:2"))
+result["bad_fraction_error"] = error_type(lambda: torch.cuda.set_per_process_memory_fraction(1))
+result["bad_index_error"] = error_type(lambda: torch.cuda.memory_stats(device=1000))
+
 # --- OOM wording and fraction 0
 try:
     torch.empty(1024 * 1024 * 1024 * 800000000, dtype=torch.int8, device="cuda")
