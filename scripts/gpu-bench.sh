@@ -36,21 +36,21 @@
 # limit is cut to what is left less 30 s, and a step with under 10 s left is
 # not started). A failed step does not stop the later ones; the exit status
 # is non-zero when any step of this invocation failed or was not started.
+#
+# The steps run through scripts/lib/steps.sh, the step runner gpu-check.sh
+# also uses: each step's log is BUILD_DIR/bench-work/logs/STEP.log; this
+# invocation's combined log and summary table are gpu-bench.log and
+# gpu-bench-summary.txt in BUILD_DIR/bench-work (and in bench-logs.tar.gz).
+# The `build` step runs gpu-check.sh's step_build and step_pip, sourced
+# from it.
 set -uo pipefail
 
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo_root" || exit 2
+# shellcheck source-path=SCRIPTDIR source=lib/steps.sh
+source "$repo_root/scripts/lib/steps.sh"
 
 all_steps=(microbench python_bench streams_bench capture replay plot)
-selected=()
-for arg in "$@"; do
-  case " ${all_steps[*]} " in
-    *" $arg "*) selected+=("$arg") ;;
-    *) echo "gpu-bench: unknown step '$arg' (steps: ${all_steps[*]})" >&2; exit 2 ;;
-  esac
-done
-[[ ${#selected[@]} -gt 0 ]] || selected=("${all_steps[@]}")
-is_selected() { [[ " ${selected[*]} " == *" $1 "* ]]; }
 command_line="scripts/gpu-bench.sh${*:+ $*}"
 
 python_bin="${PYTHON:-python3}"
@@ -61,12 +61,11 @@ quick="${BENCH_QUICK:-0}"
 time_limit="${BENCH_TIME_LIMIT_S:-0}"
 bin="$build_dir/bin"
 
+# Rejects an unknown step name (exit 2); the steps named, or all of them,
+# run in the order of all_steps.
+steps_init gpu-bench "$work/logs" "$work" "${all_steps[@]}" -- "$@"
 # status/NAME holds "result<TAB>seconds<TAB>when" of step NAME's last run.
-mkdir -p "$work/logs" "$work/status" "$work/traces" "$out_dir"
-
-step_names=()
-step_results=()
-now_ns() { date +%s%N; }
+mkdir -p "$work/status" "$work/traces" "$out_dir"
 
 # may_start DEFAULT_S: sets `limit` to DEFAULT_S, cut by BENCH_TIME_LIMIT_S
 # to what is left less 30 s (the kill grace and the outputs); fails when
@@ -83,45 +82,31 @@ may_start() {
 # not_started NAME: records that NAME was not started for lack of time. Its
 # status and outputs from an earlier run stay as they were.
 not_started() {
-  echo "=== gpu-bench step '$1': not started (BENCH_TIME_LIMIT_S=$time_limit reached)"
-  step_names+=("$1")
-  step_results+=("NOT STARTED")
-  write_results
+  steps_log "=== gpu-bench step '$1': not started (BENCH_TIME_LIMIT_S=$time_limit reached)"
+  steps_record "$1" "NOT STARTED" 0.0
 }
 
-# record NAME RESULT SECONDS: the step's outcome, for this invocation's exit
-# status and for results.md.
-record() {
-  local when
-  when="$(date -u '+%Y-%m-%d %H:%M UTC')$([[ $quick == 1 ]] && echo ', BENCH_QUICK')"
-  step_names+=("$1")
-  step_results+=("$2")
-  printf '%s\t%s\t%s\n' "$2" "$3" "$when" >"$work/status/$1"
+# recorded NAME RESULT DETAIL SECONDS (the runner's hook, after every
+# outcome): the step's status for results.md (its result line's wording,
+# seconds, when), unless it was not started, and results.md rewritten.
+# shellcheck disable=SC2317 # called by the runner through steps_record_hook
+recorded() {
+  local name=$1 result=$2 detail=$3 seconds=$4 when
+  if [[ $result != "NOT STARTED" ]]; then
+    when="$(date -u '+%Y-%m-%d %H:%M UTC')$([[ $quick == 1 ]] && echo ', BENCH_QUICK')"
+    printf '%s\t%s\t%s\n' "$detail" "$seconds" "$when" >"$work/status/$name"
+  fi
   write_results
 }
+steps_record_hook=recorded
 
-# step NAME LIMIT_S COMMAND...: runs COMMAND with a time limit, its output
-# (stdout and stderr) to the terminal and to logs/NAME.log.
+# step NAME LIMIT_S COMMAND...: runs COMMAND through the runner with a time
+# limit, its output (stdout and stderr) to the terminal and to
+# logs/NAME.log.
 step() {
   local name=$1 step_limit=$2
   shift 2
-  echo "=== gpu-bench step '$name' ($(date -u +%H:%M:%S) UTC, limit ${step_limit}s): $*"
-  local start rc result
-  start=$(now_ns)
-  timeout --kill-after=10 "$step_limit" "$@" 2>&1 | tee "$work/logs/$name.log"
-  rc=${PIPESTATUS[0]}
-  local ms=$(( ($(now_ns) - start) / 1000000 ))
-  local seconds
-  seconds=$(printf '%d.%d' $((ms / 1000)) $(((ms % 1000) / 100)))
-  if [[ $rc -eq 0 ]]; then
-    result=PASS
-  elif [[ $rc -eq 124 || $rc -eq 137 ]]; then
-    result="TIMEOUT (${step_limit}s)"
-  else
-    result="FAIL (exit $rc)"
-  fi
-  echo "=== gpu-bench step '$name': $result in ${seconds}s"
-  record "$name" "$result" "$seconds"
+  steps_step --limit "$step_limit" "$name" "$@"
 }
 
 # markdown STEP LIMIT_S COMMAND...: a step whose stdout is its markdown
@@ -141,8 +126,8 @@ fi
 # results.md from what the work area holds, copied to OUT with the plot.
 write_results() {
   local results="$work/results.md" name status i not_run=()
-  for i in "${!step_names[@]}"; do
-    [[ ${step_results[$i]} == "NOT STARTED" ]] && not_run+=("${step_names[$i]}")
+  for i in "${!steps_names[@]}"; do
+    [[ ${steps_results[$i]} == "NOT STARTED" ]] && not_run+=("${steps_names[$i]}")
   done
   {
     echo "# streamalloc GPU benchmark results"
@@ -188,10 +173,16 @@ write_results() {
 # settings leak in from the caller's environment.
 unset PYTORCH_CUDA_ALLOC_CONF PYTORCH_ALLOC_CONF STREAMALLOC_CONF
 
-if is_selected microbench || is_selected python_bench || is_selected streams_bench || is_selected replay; then
+if steps_is_selected microbench || steps_is_selected python_bench || steps_is_selected streams_bench ||
+  steps_is_selected replay; then
   if [[ ! -x $bin/streamalloc-bench || ! -x $bin/streamalloc-replay || ! -d $build_dir/pip-target ]]; then
     if may_start 480; then
-      step build "$limit" env OUT= BUILD_DIR="$build_dir" PYTHON="$python_bin" bash "$repo_root/scripts/gpu-check.sh" build pip
+      # gpu-check.sh's build and pip steps: its step functions, sourced in a
+      # shell of their own (a time limit needs a command), each run with -e
+      # and -x as gpu-check.sh runs them, pip even when the build failed.
+      # shellcheck disable=SC2016 # "$1" is the inner shell's
+      step build "$limit" env BUILD_DIR="$build_dir" PYTHON="$python_bin" \
+        bash -c 'source "$1"; steps_call step_build step_pip' gpu-bench-build "$repo_root/scripts/gpu-check.sh"
     else
       not_started build
     fi
@@ -220,7 +211,7 @@ if [[ $quick == 1 ]]; then
   resnet_args=(--steps 3)
 fi
 
-if is_selected microbench; then
+if steps_is_selected microbench; then
   if may_start 300; then
     rm -f "$work/microbench.md" "$work/microbench.json"
     markdown microbench "$limit" "$bin/streamalloc-bench" --json "$work/microbench.json" "${micro_args[@]}"
@@ -231,7 +222,7 @@ fi
 
 # Three rounds of four worker processes, at most 100 s each (about 20 s
 # each on an H200).
-if is_selected python_bench; then
+if steps_is_selected python_bench; then
   if may_start 540; then
     rm -f "$work/python_bench.md" "$work/python_bench.json"
     markdown python_bench "$limit" "$python_bin" bench/python_bench.py --timeout 100 --json "$work/python_bench.json" \
@@ -241,7 +232,7 @@ if is_selected python_bench; then
   fi
 fi
 
-if is_selected streams_bench; then
+if steps_is_selected streams_bench; then
   if may_start 180; then
     rm -f "$work/streams_bench.md" "$work/streams_bench.json"
     markdown streams_bench "$limit" "$python_bin" bench/streams_bench.py --json "$work/streams_bench.json"
@@ -250,7 +241,7 @@ if is_selected streams_bench; then
   fi
 fi
 
-if is_selected capture; then
+if steps_is_selected capture; then
   for workload in gpt2_train gpt2_generate resnet50_fixed; do
     case $workload in
       gpt2_train) trace=gpt2_train_varlen script=gpt2_train_varlen workload_args=("${train_args[@]}") ;;
@@ -267,7 +258,7 @@ if is_selected capture; then
   done
 fi
 
-if is_selected replay; then
+if steps_is_selected replay; then
   traces=()
   for captured in "$work"/traces/*.trace.csv.gz; do
     [[ -f $captured ]] && traces+=("$captured")
@@ -302,12 +293,12 @@ if is_selected replay; then
         --json "$work/replay.json" "${traces[@]}"
     else
       echo "gpu-bench: no trace to replay (no capture here and no STREAMALLOC_TRACES / bench/traces)" >&2
-      record replay "FAIL (no trace)" 0.0
+      steps_record replay FAIL 0.0 "FAIL (no trace)"
     fi
   fi
 fi
 
-if is_selected plot; then
+if steps_is_selected plot; then
   if may_start 120; then
     rm -f "$work/replay_memory.png"
     step plot "$limit" "$python_bin" scripts/plot_replay.py -o "$work/replay_memory.png" --timeline-dir "$work/timelines"
@@ -317,6 +308,9 @@ if is_selected plot; then
 fi
 
 write_results
+# The summary table (also in bench-work, hence in bench-logs.tar.gz).
+steps_finish
+bench_status=$?
 tar -czf "$out_dir/bench-logs.tar.gz" -C "$work" --exclude=./traces --exclude=./replay_memory.png .
 tar -czf "$out_dir/bench-traces.tar.gz" -C "$work" traces
 for archive in "$out_dir/bench-logs.tar.gz" "$out_dir/bench-traces.tar.gz"; do
@@ -329,7 +323,5 @@ echo
 echo "=== gpu-bench results (also in $out_dir/results.md)"
 cat "$work/results.md"
 
-for result in "${step_results[@]}"; do
-  [[ $result == PASS ]] || exit 1
-done
+[[ $bench_status -eq 0 ]] || exit 1
 exit 0

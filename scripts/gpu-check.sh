@@ -20,10 +20,18 @@
 # Environment: PYTHON (default python3), JOBS (default 16), BUILD_DIR
 # (default <repo>/build-gpu), OUT (when set, the combined log and summary go
 # there; per-step logs always go to BUILD_DIR/logs).
+#
+# The steps run through scripts/lib/steps.sh, the step runner gpu-bench.sh
+# also uses. Sourced rather than run, this file only defines the settings
+# above and the step functions (gpu-bench.sh's `build` step runs step_build
+# and step_pip that way).
 set -euo pipefail
 
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo_root"
+
+# shellcheck source-path=SCRIPTDIR source=lib/steps.sh
+source "$repo_root/scripts/lib/steps.sh"
 
 python_bin="${PYTHON:-python3}"
 jobs="${JOBS:-16}"
@@ -31,101 +39,10 @@ build_dir="${BUILD_DIR:-$repo_root/build-gpu}"
 step_log_dir="$build_dir/logs"
 report_dir="${OUT:-$step_log_dir}"
 site_dir="$build_dir/pip-target"
-combined_log="$report_dir/gpu-check.log"
-summary_file="$report_dir/gpu-check-summary.txt"
 all_steps=(env build unit gpu stage pip pytest sanitizer bench)
 # `stage` lays the package out from the build step's outputs (no second
 # compile); `pip` builds and installs it the way users do. Either provides
 # the package the later steps import; by default both run, pip last.
-
-mkdir -p "$step_log_dir" "$report_dir"
-: >"$combined_log"
-
-multi_gpu=0
-named_steps=()
-for arg in "$@"; do
-  case $arg in
-    --multi-gpu) multi_gpu=1 ;;
-    -*) echo "gpu-check: unknown option '$arg' (options: --multi-gpu)" >&2; exit 2 ;;
-    *) named_steps+=("$arg") ;;
-  esac
-done
-if [[ ${#named_steps[@]} -gt 0 ]]; then
-  selected_steps=("${named_steps[@]}")
-elif [[ $multi_gpu -eq 1 ]]; then
-  selected_steps=()
-else
-  selected_steps=("${all_steps[@]}")
-fi
-if [[ ${#selected_steps[@]} -gt 0 ]]; then
-  for wanted in "${selected_steps[@]}"; do
-    case " ${all_steps[*]} " in
-      *" $wanted "*) ;;
-      *) echo "gpu-check: unknown step '$wanted' (steps: ${all_steps[*]})" >&2; exit 2 ;;
-    esac
-  done
-fi
-if [[ $multi_gpu -eq 1 ]]; then
-  # The multi-GPU tests import the package the pip step installs; a run
-  # that names pip itself installs it without the full build.
-  if [[ ! -d "$site_dir/streamalloc" && " ${selected_steps[*]-} " != *" pip "* ]]; then
-    selected_steps+=(build pip)
-  fi
-  selected_steps+=(multigpu)
-fi
-
-step_names=()
-step_results=()
-step_seconds=()
-
-now_ns() { date +%s%N; }
-
-# Seconds with one decimal from two nanosecond stamps (integer arithmetic).
-elapsed() {
-  local ms=$(( ($2 - $1) / 1000000 ))
-  printf '%d.%d' $(( ms / 1000 )) $(( (ms % 1000) / 100 ))
-}
-
-is_selected() {
-  local wanted
-  for wanted in "${selected_steps[@]}"; do
-    [[ $wanted == "$1" ]] && return 0
-  done
-  return 1
-}
-
-record() {
-  step_names+=("$1")
-  step_results+=("$2")
-  step_seconds+=("$3")
-}
-
-# run_step NAME FUNCTION: runs FUNCTION in a subshell with -e and -x, its
-# output to the terminal, the step's own log and the combined log.
-run_step() {
-  local name=$1 fn=$2
-  if ! is_selected "$name"; then
-    record "$name" SKIP 0.0
-    return 0
-  fi
-  local log="$step_log_dir/$name.log"
-  echo "=== gpu-check step '$name' ($(date -u +%H:%M:%S) UTC)" | tee -a "$combined_log"
-  local start rc
-  start=$(now_ns)
-  set +e
-  ( set -ex; "$fn" ) 2>&1 | tee "$log" | tee -a "$combined_log"
-  rc=${PIPESTATUS[0]}
-  set -e
-  local seconds
-  seconds=$(elapsed "$start" "$(now_ns)")
-  if [[ $rc -eq 0 ]]; then
-    record "$name" PASS "$seconds"
-  else
-    record "$name" FAIL "$seconds"
-  fi
-  echo "=== gpu-check step '$name': $([[ $rc -eq 0 ]] && echo PASS || echo "FAIL (exit $rc)") in ${seconds}s" |
-    tee -a "$combined_log"
-}
 
 step_env() {
   nvidia-smi
@@ -243,37 +160,48 @@ step_multigpu() {
   fi
 }
 
-run_step env step_env
-run_step build step_build
-run_step unit step_unit
-run_step gpu step_gpu
-run_step stage step_stage
-run_step pip step_pip
-run_step pytest step_pytest
-run_step sanitizer step_sanitizer
-if [[ -f "$repo_root/scripts/gpu-bench.sh" ]]; then
-  run_step bench step_bench
-else
-  record bench SKIP 0.0
-fi
-if is_selected multigpu; then
-  run_step multigpu step_multigpu
-fi
+# Sourced (`return` works only there): the settings and step functions only.
+if (return 0 2>/dev/null); then return 0; fi
 
-passed=0
-failed=0
-for result in "${step_results[@]}"; do
-  case $result in
-    PASS) passed=$((passed + 1)) ;;
-    FAIL) failed=$((failed + 1)) ;;
+multi_gpu=0
+named_steps=()
+for arg in "$@"; do
+  case $arg in
+    --multi-gpu) multi_gpu=1 ;;
+    -*) echo "gpu-check: unknown option '$arg' (options: --multi-gpu)" >&2; exit 2 ;;
+    *) named_steps+=("$arg") ;;
   esac
 done
-{
-  printf '%-8s %-6s %8s\n' STEP RESULT SECONDS
-  for i in "${!step_names[@]}"; do
-    printf '%-8s %-6s %8s\n' "${step_names[$i]}" "${step_results[$i]}" "${step_seconds[$i]}"
-  done
-  echo "gpu-check: $passed passed, $failed failed"
-} | tee "$summary_file" | tee -a "$combined_log"
+# The combined log and summary: REPORT_DIR/gpu-check.log and
+# REPORT_DIR/gpu-check-summary.txt.
+steps_init gpu-check "$step_log_dir" "$report_dir" "${all_steps[@]}" -- "${named_steps[@]}"
+if [[ ${#named_steps[@]} -eq 0 && $multi_gpu -eq 1 ]]; then
+  steps_selected=()
+fi
+if [[ $multi_gpu -eq 1 ]]; then
+  # The multi-GPU tests import the package the pip step installs; a run
+  # that names pip itself installs it without the full build.
+  if [[ ! -d "$site_dir/streamalloc" && " ${steps_selected[*]-} " != *" pip "* ]]; then
+    steps_selected+=(build pip)
+  fi
+  steps_selected+=(multigpu)
+fi
 
-[[ $failed -eq 0 ]]
+steps_run env step_env
+steps_run build step_build
+steps_run unit step_unit
+steps_run gpu step_gpu
+steps_run stage step_stage
+steps_run pip step_pip
+steps_run pytest step_pytest
+steps_run sanitizer step_sanitizer
+if [[ -f "$repo_root/scripts/gpu-bench.sh" ]]; then
+  steps_run bench step_bench
+else
+  steps_record bench SKIP 0.0
+fi
+if steps_is_selected multigpu; then
+  steps_run multigpu step_multigpu
+fi
+
+steps_finish
