@@ -33,6 +33,7 @@
 #include <chrono>
 #include <sstream>
 
+#include "streamalloc/core/block_list.hpp"
 #include "streamalloc/util/errors.hpp"
 
 namespace streamalloc {
@@ -234,15 +235,7 @@ void pinned_pool::hand_out_locked(block* b, std::size_t rounded, std::size_t req
   if (b->size - rounded >= min_remainder) {
     // b->next is not free (it would have merged with b), so the remainder
     // has no free neighbour.
-    auto* rest = new block;
-    rest->address = b->address + rounded;
-    rest->size = b->size - rounded;
-    rest->owner = b->owner;
-    rest->prev = b;
-    rest->next = b->next;
-    if (b->next != nullptr) b->next->prev = rest;
-    b->next = rest;
-    b->size = rounded;
+    block* rest = split_at(b, rounded, new block);
     free_set_for(rest->owner->small).insert(rest);
   }
   b->state = block_state::allocated;
@@ -395,18 +388,12 @@ void pinned_pool::free_block_locked(block* b) {
   free_set& set = free_set_for(b->owner->small);
   if (block* prev = b->prev; prev != nullptr && prev->state == block_state::free) {
     set.erase(prev);
-    prev->size += b->size;
-    prev->next = b->next;
-    if (b->next != nullptr) b->next->prev = prev;
-    delete b;
+    delete absorb_next(prev);
     b = prev;
   }
   if (block* next = b->next; next != nullptr && next->state == block_state::free) {
     set.erase(next);
-    b->size += next->size;
-    b->next = next->next;
-    if (next->next != nullptr) next->next->prev = b;
-    delete next;
+    delete absorb_next(b);
   }
   set.insert(b);
 }

@@ -24,6 +24,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "streamalloc/core/block_list.hpp"
 #include "streamalloc/util/errors.hpp"
 
 namespace streamalloc {
@@ -248,16 +249,8 @@ void caching_allocator::take_block_locked(block* b, std::size_t rounded, std::si
   // A no_split pool hands out whole segments (torch's MemPool no_split).
   const bool may_split = s->pool == 0 || !pool_no_split_locked(s->pool);
   if (may_split && policy_.should_split(b->size, rounded, s->is_small, s->expandable)) {
-    block* rest = new_block_locked();
-    rest->address = b->address + rounded;
-    rest->size = b->size - rounded;
+    block* rest = split_at(b, rounded, new_block_locked());
     rest->stream = remainder_stream;
-    rest->owner = s;
-    rest->prev = b;
-    rest->next = b->next;
-    if (b->next != nullptr) b->next->prev = rest;
-    b->next = rest;
-    b->size = rounded;
     insert_free_locked(rest);
   }
   mark_allocated_locked(b, requested);
@@ -401,18 +394,12 @@ void caching_allocator::return_to_pool_locked(block* b) {
   block* merged = b;
   if (block* prev = b->prev; prev != nullptr && prev->is_free_mapped() && prev->stream == b->stream) {
     erase_free_locked(prev);
-    prev->size += b->size;
-    prev->next = b->next;
-    if (b->next != nullptr) b->next->prev = prev;
-    delete_block_locked(b);
+    delete_block_locked(absorb_next(prev));
     merged = prev;
   }
   if (block* next = merged->next; next != nullptr && next->is_free_mapped() && next->stream == merged->stream) {
     erase_free_locked(next);
-    merged->size += next->size;
-    merged->next = next->next;
-    if (next->next != nullptr) next->next->prev = merged;
-    delete_block_locked(next);
+    delete_block_locked(absorb_next(merged));
   }
   insert_free_locked(merged);
 }

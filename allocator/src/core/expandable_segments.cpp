@@ -45,6 +45,7 @@
 #include <limits>
 #include <string>
 
+#include "streamalloc/core/block_list.hpp"
 #include "streamalloc/core/caching_allocator.hpp"
 #include "streamalloc/util/errors.hpp"
 
@@ -334,30 +335,15 @@ std::size_t caching_allocator::unmap_idle_chunks_locked(block* d, std::size_t ma
   erase_free_locked(d);
   block* tail = nullptr;
   if (last < end) {
-    tail = new_block_locked();
-    tail->address = last;
-    tail->size = end - last;
+    tail = split_at(d, last - d->address, new_block_locked());
     tail->stream = d->stream;
-    tail->owner = s;
-    tail->prev = d;
-    tail->next = d->next;
-    if (d->next != nullptr) d->next->prev = tail;
-    d->next = tail;
   }
   block* hole = d;
   block* head = nullptr;
   if (hole_start > d->address) {
-    hole = new_block_locked();
-    hole->address = hole_start;
-    hole->owner = s;
-    hole->prev = d;
-    hole->next = d->next;
-    if (d->next != nullptr) d->next->prev = hole;
-    d->next = hole;
-    d->size = hole_start - d->address;
+    hole = split_at(d, hole_start - d->address, new_block_locked());
     head = d;
   }
-  hole->size = last - hole_start;
   hole->mapped = false;
   hole->stream = 0;
   block* outer_left = head == nullptr ? hole->prev : nullptr;
@@ -426,16 +412,8 @@ block* caching_allocator::take_mapped_front_locked(const placement& where, strea
   const std::size_t bytes = where.chunks * chunk_bytes_;
   s->unmapped_set->erase(target->free_position);
   if (bytes < target->size) {
-    block* rest = new_block_locked();
-    rest->address = target->address + bytes;
-    rest->size = target->size - bytes;
-    rest->owner = s;
+    block* rest = split_at(target, bytes, new_block_locked());
     rest->mapped = false;
-    rest->prev = target;
-    rest->next = target->next;
-    if (target->next != nullptr) target->next->prev = rest;
-    target->next = rest;
-    target->size = bytes;
     rest->free_position = s->unmapped_set->insert(free_entry{key_of(rest), rest}).first;
   }
   target->mapped = true;
@@ -445,19 +423,13 @@ block* caching_allocator::take_mapped_front_locked(const placement& where, strea
   // A hole mapped whole may touch a free block of the stream after it.
   if (block* after = target->next; after != nullptr && after->is_free_mapped() && after->stream == stream) {
     erase_free_locked(after);
-    target->size += after->size;
-    target->next = after->next;
-    if (after->next != nullptr) after->next->prev = target;
-    delete_block_locked(after);
+    delete_block_locked(absorb_next(target));
   }
   block* result = target;
   if (where.prefix != nullptr) {
     block* prefix = where.prefix;
     erase_free_locked(prefix);
-    prefix->size += target->size;
-    prefix->next = target->next;
-    if (target->next != nullptr) target->next->prev = prefix;
-    delete_block_locked(target);
+    delete_block_locked(absorb_next(prefix));
     result = prefix;
   }
   refresh_split_count_locked(result->prev);
@@ -469,18 +441,12 @@ void caching_allocator::insert_unmapped_locked(block* b) {
   segment* s = b->owner;
   if (block* prev = b->prev; prev != nullptr && !prev->mapped) {
     s->unmapped_set->erase(prev->free_position);
-    prev->size += b->size;
-    prev->next = b->next;
-    if (b->next != nullptr) b->next->prev = prev;
-    delete_block_locked(b);
+    delete_block_locked(absorb_next(prev));
     b = prev;
   }
   if (block* next = b->next; next != nullptr && !next->mapped) {
     s->unmapped_set->erase(next->free_position);
-    b->size += next->size;
-    b->next = next->next;
-    if (next->next != nullptr) next->next->prev = b;
-    delete_block_locked(next);
+    delete_block_locked(absorb_next(b));
   }
   b->free_position = s->unmapped_set->insert(free_entry{key_of(b), b}).first;
 }
@@ -504,12 +470,8 @@ block* caching_allocator::absorb_following_free_locked(block* b) {
   // these blocks, so their stream tags no longer matter.
   erase_free_locked(b);
   while (b->next != nullptr && b->next->is_free_mapped()) {
-    block* next = b->next;
-    erase_free_locked(next);
-    b->size += next->size;
-    b->next = next->next;
-    if (next->next != nullptr) next->next->prev = b;
-    delete_block_locked(next);
+    erase_free_locked(b->next);
+    delete_block_locked(absorb_next(b));
   }
   insert_free_locked(b);
   return b;
