@@ -105,7 +105,7 @@ void* caching_allocator::allocate_locked(std::size_t bytes, stream_handle stream
   if (pool != 0 && !pool_in_use_locked(pool)) pool = 0;
   std::size_t rounded = 0;
   if (!policy_.round(bytes, &rounded)) raise_oom_locked(bytes, stream, pool);
-  free_block_set& free_set = pool_for_locked(pool, policy_.is_small(rounded, pool == 0));
+  free_block_set& free_set = pool_for_locked(pool, policy_.in_small_pool(rounded, pool));
   const bool capturing = capture_count_.load(std::memory_order_relaxed) != 0;
 
   // Stage 1: reclaim pending frees whose events have completed, so they are
@@ -223,7 +223,7 @@ block* caching_allocator::grow_locked(std::size_t rounded, stream_handle stream,
   s->address = to_address(ptr);
   s->size = segment_bytes;
   s->stream = stream;
-  s->is_small = policy_.is_small(rounded, pool == 0);
+  s->is_small = policy_.in_small_pool(rounded, pool);
   s->pool = pool;
   s->free_set = &pool_for_locked(pool, s->is_small);
   block* b = new_block_locked();

@@ -85,7 +85,7 @@ block* caching_allocator::grow_expandable_locked(std::size_t rounded, stream_han
   // Beyond the cap nothing can serve it (and chunk arithmetic stays far
   // from overflow).
   if (rounded > allowed_bytes_) return nullptr;
-  const bool small = policy_.is_small(rounded, true);
+  const bool small = policy_.in_small_pool(rounded, 0);  // only the default pool expands
   const free_block_set& unmapped = small ? unmapped_.small : unmapped_.large;
   placement where = place_locked(unmapped, rounded, stream);
   if (where.target == nullptr) {

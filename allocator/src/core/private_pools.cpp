@@ -121,11 +121,10 @@ bool caching_allocator::free_segment_locked(const segment* s) {
 }
 
 block* caching_allocator::take_from_use_on_oom_pools_locked(std::size_t rounded, stream_handle stream) {
-  // Private pools use plain segments, so the small/large split is the plain one.
-  const bool small = policy_.is_small(rounded, false);
   for (auto& [id, p] : private_pools_) {
     if (!p.use_on_oom) continue;
-    if (block* b = find_free_block_locked(small ? p.free.small : p.free.large, rounded, stream)) return b;
+    free_block_set& set = policy_.in_small_pool(rounded, id) ? p.free.small : p.free.large;
+    if (block* b = find_free_block_locked(set, rounded, stream)) return b;
   }
   return nullptr;
 }
