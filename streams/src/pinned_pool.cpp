@@ -32,6 +32,7 @@
 #include <algorithm>
 #include <chrono>
 #include <sstream>
+#include <stdexcept>
 
 #include "streamalloc/core/block_list.hpp"
 #include "streamalloc/util/errors.hpp"
@@ -520,8 +521,13 @@ void pinned_pool::reset_accumulated_stats() {
   stats_.event_errors = 0;
 }
 
-std::string pinned_pool::validate() const {
+void pinned_pool::validate() const {
   std::lock_guard<std::mutex> lock(mutex_);
+  const std::string problem = first_violation_locked();
+  if (!problem.empty()) throw std::logic_error("streamalloc pinned pool invariant violated: " + problem);
+}
+
+std::string pinned_pool::first_violation_locked() const {
   std::size_t slab_bytes = 0, active_blocks = 0, active_bytes = 0, requested = 0;
   std::size_t free_small = 0, free_large = 0, allocated = 0, pending = 0;
   for (const auto& [address, s] : slabs_) {
