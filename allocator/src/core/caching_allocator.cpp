@@ -77,7 +77,7 @@ caching_allocator::~caching_allocator() {
   }
   release_ranges_at_exit();
   for (auto& [address, s] : segments_) {
-    if (!s->expandable) free_segment_locked(s);
+    if (!s->expandable()) free_segment_locked(s);
     block* b = s->first;
     while (b != nullptr) {
       block* next = b->next;
@@ -205,6 +205,11 @@ block* caching_allocator::borrow_from_other_stream_locked(free_block_set& free_s
   return best;
 }
 
+block* caching_allocator::grow_any_locked(std::size_t rounded, stream_handle stream, pool_id pool, bool capturing) {
+  // Stitching synchronizes streams, which a capture forbids.
+  return uses_expandable(pool) ? grow_expandable_locked(rounded, stream, !capturing) : grow_locked(rounded, stream, pool);
+}
+
 block* caching_allocator::grow_locked(std::size_t rounded, stream_handle stream, pool_id pool) {
   std::size_t segment_bytes = 0;
   if (!policy_.segment_size(rounded, &segment_bytes)) return nullptr;
@@ -248,7 +253,7 @@ void caching_allocator::take_block_locked(block* b, std::size_t rounded, std::si
   segment* s = b->owner;
   // A no_split pool hands out whole segments (torch's MemPool no_split).
   const bool may_split = s->pool == 0 || !pool_no_split_locked(s->pool);
-  if (may_split && policy_.should_split(b->size, rounded, s->is_small, s->expandable)) {
+  if (may_split && policy_.should_split(b->size, rounded, s->is_small, s->expandable())) {
     block* rest = split_at(b, rounded, new_block_locked());
     rest->stream = remainder_stream;
     insert_free_locked(rest);
@@ -422,6 +427,27 @@ void caching_allocator::erase_free_locked(block* b) {
   }
 }
 
+void caching_allocator::allow_peer_access(int peer_device) {
+  std::lock_guard<adaptive_mutex> lock(mutex_);
+  // Remembered even while expandable segments are off: update_config may
+  // switch them on, and every chunk mapped then must be open to the peer.
+  if (peer_device == backend_.device_index() || std::find(peers_.begin(), peers_.end(), peer_device) != peers_.end()) {
+    return;
+  }
+  std::vector<expandable_range*> opened;
+  for (const auto& [address, s] : segments_) {
+    if (!s->expandable()) continue;
+    if (const status st = s->range->allow_peer(peer_device); !st) {
+      // Not remembered anywhere, so a retry opens every range again.
+      for (expandable_range* range : opened) range->forget_peer(peer_device);
+      throw device_failure("streamalloc: device " + std::to_string(backend_.device_index()) +
+                           " could not open its memory to device " + std::to_string(peer_device) + ": " + st.message());
+    }
+    opened.push_back(s->range.get());
+  }
+  peers_.push_back(peer_device);
+}
+
 // ---------------------------------------------------------------------------
 // Giving memory back
 
@@ -439,7 +465,7 @@ bool caching_allocator::release_available_oversize_locked(std::size_t rounded, p
   if (pool != 0 && !pool_releasable_locked(pool)) return false;
   std::vector<block*> whole;  // unsplit oversize blocks, i.e. whole unused segments
   for (const free_entry& entry : pool_for_locked(pool, false)) {
-    if (policy_.is_oversize(entry.key.size) && !entry.b->is_split() && !entry.b->owner->expandable) {
+    if (policy_.is_oversize(entry.key.size) && !entry.b->is_split() && !entry.b->owner->expandable()) {
       whole.push_back(entry.b);
     }
   }
@@ -463,7 +489,7 @@ void caching_allocator::release_unused_segments_locked() {
   for (auto it = segments_.begin(); it != segments_.end();) {
     segment* s = it->second;
     ++it;  // releasing erases s from the map
-    if (s->expandable) {
+    if (s->expandable()) {
       release_range_locked(s);
     } else if (pool_releasable_locked(s->pool) && segment_unused(s)) {
       release_segment_locked(s);
@@ -557,7 +583,7 @@ void caching_allocator::recount_oversize_locked() {
   std::int64_t allocations = 0;
   std::int64_t segments = 0;
   for (const auto& [address, s] : segments_) {
-    if (!s->expandable && policy_.is_oversize(s->size)) ++segments;
+    if (!s->expandable() && policy_.is_oversize(s->size)) ++segments;
     for (const block* b = s->first; b != nullptr; b = b->next) {
       if (b->allocated && policy_.is_oversize(b->size)) ++allocations;
     }
@@ -717,7 +743,7 @@ allocator_snapshot caching_allocator::snapshot() const {
   allocator_snapshot out;
   out.segments.reserve(segments_.size());
   for (const auto& [address, s] : segments_) {
-    if (s->expandable) {
+    if (s->expandable()) {
       snapshot_expandable_locked(s, &out);
       continue;
     }
@@ -867,10 +893,10 @@ void caching_allocator::validate() const {
   for (const auto& [address, s] : segments_) {
     if (address != s->address) fail("segment map key differs from segment address");
     if (s->first == nullptr || s->first->prev != nullptr) fail("segment does not start with a first block");
-    if (s->expandable) {
+    if (s->expandable()) {
       if (s->pool != 0) fail("an expandable segment outside the default pool");
       validate_expandable_locked(s, &mapped_chunks);
-      bump(recount.reserved_bytes, s, static_cast<std::int64_t>(s->mapped_chunks * s->chunk_bytes));
+      bump(recount.reserved_bytes, s, static_cast<std::int64_t>(s->range->mapped_chunks() * s->range->chunk_bytes()));
       for (const block* b = s->first; b != nullptr; b = b->next) {
         if (b->mapped && (b->prev == nullptr || !b->prev->mapped)) bump(recount.segment, s, 1);  // a run starts
         if (!b->mapped) ++unmapped_blocks;
@@ -888,7 +914,7 @@ void caching_allocator::validate() const {
       if (b->next != nullptr && b->next->prev != b) fail("broken neighbour links");
       expected += b->size;
       if (!b->mapped) {
-        if (!s->expandable) fail("an unmapped block in a plain segment");
+        if (!s->expandable()) fail("an unmapped block in a plain segment");
         continue;  // checked by validate_expandable_locked
       }
       const auto size = static_cast<std::int64_t>(b->size);

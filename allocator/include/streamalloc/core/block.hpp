@@ -24,10 +24,12 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <set>
 #include <vector>
 
 #include "streamalloc/backend/device_backend.hpp"
+#include "streamalloc/core/expandable_range.hpp"
 #include "streamalloc/core/node_recycler.hpp"
 #include "streamalloc/core/snapshot.hpp"
 
@@ -102,17 +104,12 @@ struct segment {
   free_block_set* free_set = nullptr;  // where its free blocks are cached
   block* first = nullptr;
 
-  // --- expandable segments only (size is the reserved range) ---
-  bool expandable = false;
+  // --- expandable segments only (address and size are the range's) ---
+  // The reserved range and its chunks; nullptr for a plain segment.
+  std::unique_ptr<expandable_range> range;
   free_block_set* unmapped_set = nullptr;  // where its unmapped blocks are kept
-  std::size_t chunk_bytes = 0;
-  // One entry per chunk slot of the range: the chunk mapped there (0 when
-  // unmapped) and whether it arrived by stitching.
-  std::vector<physical_handle> chunks;
-  std::vector<bool> stitched;
-  std::size_t mapped_chunks = 0;
 
-  std::size_t slot_of(std::uintptr_t at) const { return (at - address) / chunk_bytes; }
+  bool expandable() const { return range != nullptr; }
 };
 
 }  // namespace streamalloc
