@@ -6,7 +6,8 @@
 //   exactly, linked in address order (prev/next).
 // - split: cutting a free block in two so a request takes the front part;
 //   the remainder stays free.  Coalesce: merging a freed block with free
-//   neighbours of the same stream.
+//   neighbours of the same stream.  Both are done by split_at and
+//   absorb_next (block_list.hpp), for every list of blocks.
 // - pool: the free blocks available for reuse, kept per (memory pool,
 //   small/large, stream) and ordered by (stream, size, address).
 // - stream use: a stream other than the allocating stream that touched the
@@ -15,7 +16,8 @@
 //   running; it returns to its pool once their events complete.
 // - expandable segment: a reserved address range whose chunks are mapped
 //   and unmapped one by one (Note [expandable segments]); its blocks tile
-//   the whole range and each is either mapped or unmapped.
+//   the whole range and each is either mapped or unmapped. The range and
+//   its chunks are an expandable_range (expandable_range.hpp).
 // - chunk: the unit of physical memory mapped into an expandable segment.
 //   An idle chunk lies wholly inside one free mapped block.
 // - stitching: unmapping idle chunks from free holes and mapping them
