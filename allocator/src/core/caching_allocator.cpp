@@ -747,17 +747,23 @@ allocator_snapshot caching_allocator::snapshot() const {
       snapshot_expandable_locked(s, &out);
       continue;
     }
-    segment_info info;
-    info.device = backend_.device_index();
+    segment_info info = snapshot_entry(s);
     info.address = s->address;
     info.total_size = s->size;
-    info.stream = s->stream;
-    info.is_small = s->is_small;
-    info.pool = s->pool;
     for (const block* b = s->first; b != nullptr; b = b->next) append_block_info(b, &info);
     out.segments.push_back(std::move(info));
   }
   return out;
+}
+
+segment_info caching_allocator::snapshot_entry(const segment* s) const {
+  segment_info info;
+  info.device = backend_.device_index();
+  info.stream = s->stream;
+  info.is_small = s->is_small;
+  info.pool = s->pool;
+  info.is_expandable = s->expandable();
+  return info;
 }
 
 void caching_allocator::append_block_info(const block* b, segment_info* info) {

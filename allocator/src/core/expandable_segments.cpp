@@ -485,13 +485,8 @@ void caching_allocator::snapshot_expandable_locked(const segment* s, allocator_s
       b = b->next;
       continue;
     }
-    segment_info info;
-    info.device = backend_.device_index();
+    segment_info info = snapshot_entry(s);
     info.address = b->address;
-    info.stream = s->stream;
-    info.is_small = s->is_small;
-    info.pool = s->pool;
-    info.is_expandable = true;
     for (; b != nullptr && b->mapped; b = b->next) {
       append_block_info(b, &info);
       info.total_size += b->size;

@@ -269,6 +269,9 @@ class caching_allocator {
   bool release_range_locked(segment* s);
   void release_ranges_at_exit();
   void snapshot_expandable_locked(const segment* s, allocator_snapshot* out) const;
+  // A snapshot segment for `s` (or a mapped run of it): all but its
+  // address, size and blocks.
+  segment_info snapshot_entry(const segment* s) const;
   // Adds `b` to a snapshot segment and to its allocated/active/requested sums.
   static void append_block_info(const block* b, segment_info* info);
   void validate_expandable_locked(const segment* s, std::vector<physical_handle>* seen) const;
