@@ -305,7 +305,7 @@ void bind_streams(py::module_& m) {
           py::call_guard<py::gil_scoped_release>())
       .def("reset_peak_stats", [](const py_pinned_pool& self) { self.pool->reset_peak_stats(); })
       .def("reset_accumulated_stats", [](const py_pinned_pool& self) { self.pool->reset_accumulated_stats(); })
-      .def("validate", [](const py_pinned_pool& self) { return self.pool->validate(); })
+      .def("validate", [](const py_pinned_pool& self) { self.pool->validate(); })
       .def_property_readonly("capacity", [](const py_pinned_pool& self) { return self.pool->config().capacity_bytes; })
       .def(
           "_time_cached_allocations",

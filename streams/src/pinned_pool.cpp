@@ -32,7 +32,9 @@
 #include <algorithm>
 #include <chrono>
 #include <sstream>
+#include <stdexcept>
 
+#include "streamalloc/core/block_list.hpp"
 #include "streamalloc/util/errors.hpp"
 
 namespace streamalloc {
@@ -234,15 +236,7 @@ void pinned_pool::hand_out_locked(block* b, std::size_t rounded, std::size_t req
   if (b->size - rounded >= min_remainder) {
     // b->next is not free (it would have merged with b), so the remainder
     // has no free neighbour.
-    auto* rest = new block;
-    rest->address = b->address + rounded;
-    rest->size = b->size - rounded;
-    rest->owner = b->owner;
-    rest->prev = b;
-    rest->next = b->next;
-    if (b->next != nullptr) b->next->prev = rest;
-    b->next = rest;
-    b->size = rounded;
+    block* rest = split_at(b, rounded, new block);
     free_set_for(rest->owner->small).insert(rest);
   }
   b->state = block_state::allocated;
@@ -395,18 +389,12 @@ void pinned_pool::free_block_locked(block* b) {
   free_set& set = free_set_for(b->owner->small);
   if (block* prev = b->prev; prev != nullptr && prev->state == block_state::free) {
     set.erase(prev);
-    prev->size += b->size;
-    prev->next = b->next;
-    if (b->next != nullptr) b->next->prev = prev;
-    delete b;
+    delete absorb_next(prev);
     b = prev;
   }
   if (block* next = b->next; next != nullptr && next->state == block_state::free) {
     set.erase(next);
-    b->size += next->size;
-    b->next = next->next;
-    if (next->next != nullptr) next->next->prev = b;
-    delete next;
+    delete absorb_next(b);
   }
   set.insert(b);
 }
@@ -533,8 +521,13 @@ void pinned_pool::reset_accumulated_stats() {
   stats_.event_errors = 0;
 }
 
-std::string pinned_pool::validate() const {
+void pinned_pool::validate() const {
   std::lock_guard<std::mutex> lock(mutex_);
+  const std::string problem = first_violation_locked();
+  if (!problem.empty()) throw std::logic_error("streamalloc pinned pool invariant violated: " + problem);
+}
+
+std::string pinned_pool::first_violation_locked() const {
   std::size_t slab_bytes = 0, active_blocks = 0, active_bytes = 0, requested = 0;
   std::size_t free_small = 0, free_large = 0, allocated = 0, pending = 0;
   for (const auto& [address, s] : slabs_) {

@@ -63,12 +63,10 @@ using streamalloc::test::contains;
 struct fixture {
   explicit fixture(sim_host_config host = manual(), pinned_pool_config config = {}) : sim(host), pool(sim, config) {}
 
-  // validate() (structure + stats recount) and the host-side accounting:
+  // validate() (structure + stats recount; throws on a violation) and the host-side accounting:
   // the pool's slabs are exactly what the backend has pinned.
   void check() const {
-    const std::string problem = pool.validate();
-    INFO(problem);
-    REQUIRE(problem.empty());
+    REQUIRE_NOTHROW(pool.validate());
     const pinned_pool_stats st = pool.stats();
     REQUIRE(st.allocated_bytes.current == static_cast<std::int64_t>(sim.pinned_bytes()));
     REQUIRE(st.allocations.current == static_cast<std::int64_t>(sim.pinned_ranges()));

@@ -24,6 +24,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "streamalloc/core/block_list.hpp"
 #include "streamalloc/util/errors.hpp"
 
 namespace streamalloc {
@@ -76,7 +77,7 @@ caching_allocator::~caching_allocator() {
   }
   release_ranges_at_exit();
   for (auto& [address, s] : segments_) {
-    if (!s->expandable) free_segment_locked(s);
+    if (!s->expandable()) free_segment_locked(s);
     block* b = s->first;
     while (b != nullptr) {
       block* next = b->next;
@@ -104,7 +105,7 @@ void* caching_allocator::allocate_locked(std::size_t bytes, stream_handle stream
   if (pool != 0 && !pool_in_use_locked(pool)) pool = 0;
   std::size_t rounded = 0;
   if (!policy_.round(bytes, &rounded)) raise_oom_locked(bytes, stream, pool);
-  free_block_set& free_set = pool_for_locked(pool, policy_.is_small(rounded, pool == 0));
+  free_block_set& free_set = pool_for_locked(pool, policy_.in_small_pool(rounded, pool));
   const bool capturing = capture_count_.load(std::memory_order_relaxed) != 0;
 
   // Stage 1: reclaim pending frees whose events have completed, so they are
@@ -204,6 +205,11 @@ block* caching_allocator::borrow_from_other_stream_locked(free_block_set& free_s
   return best;
 }
 
+block* caching_allocator::grow_any_locked(std::size_t rounded, stream_handle stream, pool_id pool, bool capturing) {
+  // Stitching synchronizes streams, which a capture forbids.
+  return uses_expandable(pool) ? grow_expandable_locked(rounded, stream, !capturing) : grow_locked(rounded, stream, pool);
+}
+
 block* caching_allocator::grow_locked(std::size_t rounded, stream_handle stream, pool_id pool) {
   std::size_t segment_bytes = 0;
   if (!policy_.segment_size(rounded, &segment_bytes)) return nullptr;
@@ -222,7 +228,7 @@ block* caching_allocator::grow_locked(std::size_t rounded, stream_handle stream,
   s->address = to_address(ptr);
   s->size = segment_bytes;
   s->stream = stream;
-  s->is_small = policy_.is_small(rounded, pool == 0);
+  s->is_small = policy_.in_small_pool(rounded, pool);
   s->pool = pool;
   s->free_set = &pool_for_locked(pool, s->is_small);
   block* b = new_block_locked();
@@ -247,17 +253,9 @@ void caching_allocator::take_block_locked(block* b, std::size_t rounded, std::si
   segment* s = b->owner;
   // A no_split pool hands out whole segments (torch's MemPool no_split).
   const bool may_split = s->pool == 0 || !pool_no_split_locked(s->pool);
-  if (may_split && policy_.should_split(b->size, rounded, s->is_small, s->expandable)) {
-    block* rest = new_block_locked();
-    rest->address = b->address + rounded;
-    rest->size = b->size - rounded;
+  if (may_split && policy_.should_split(b->size, rounded, s->is_small, s->expandable())) {
+    block* rest = split_at(b, rounded, new_block_locked());
     rest->stream = remainder_stream;
-    rest->owner = s;
-    rest->prev = b;
-    rest->next = b->next;
-    if (b->next != nullptr) b->next->prev = rest;
-    b->next = rest;
-    b->size = rounded;
     insert_free_locked(rest);
   }
   mark_allocated_locked(b, requested);
@@ -401,18 +399,12 @@ void caching_allocator::return_to_pool_locked(block* b) {
   block* merged = b;
   if (block* prev = b->prev; prev != nullptr && prev->is_free_mapped() && prev->stream == b->stream) {
     erase_free_locked(prev);
-    prev->size += b->size;
-    prev->next = b->next;
-    if (b->next != nullptr) b->next->prev = prev;
-    delete_block_locked(b);
+    delete_block_locked(absorb_next(prev));
     merged = prev;
   }
   if (block* next = merged->next; next != nullptr && next->is_free_mapped() && next->stream == merged->stream) {
     erase_free_locked(next);
-    merged->size += next->size;
-    merged->next = next->next;
-    if (next->next != nullptr) next->next->prev = merged;
-    delete_block_locked(next);
+    delete_block_locked(absorb_next(merged));
   }
   insert_free_locked(merged);
 }
@@ -435,6 +427,27 @@ void caching_allocator::erase_free_locked(block* b) {
   }
 }
 
+void caching_allocator::allow_peer_access(int peer_device) {
+  std::lock_guard<adaptive_mutex> lock(mutex_);
+  // Remembered even while expandable segments are off: update_config may
+  // switch them on, and every chunk mapped then must be open to the peer.
+  if (peer_device == backend_.device_index() || std::find(peers_.begin(), peers_.end(), peer_device) != peers_.end()) {
+    return;
+  }
+  std::vector<expandable_range*> opened;
+  for (const auto& [address, s] : segments_) {
+    if (!s->expandable()) continue;
+    if (const status st = s->range->allow_peer(peer_device); !st) {
+      // Not remembered anywhere, so a retry opens every range again.
+      for (expandable_range* range : opened) range->forget_peer(peer_device);
+      throw device_failure("streamalloc: device " + std::to_string(backend_.device_index()) +
+                           " could not open its memory to device " + std::to_string(peer_device) + ": " + st.message());
+    }
+    opened.push_back(s->range.get());
+  }
+  peers_.push_back(peer_device);
+}
+
 // ---------------------------------------------------------------------------
 // Giving memory back
 
@@ -452,7 +465,7 @@ bool caching_allocator::release_available_oversize_locked(std::size_t rounded, p
   if (pool != 0 && !pool_releasable_locked(pool)) return false;
   std::vector<block*> whole;  // unsplit oversize blocks, i.e. whole unused segments
   for (const free_entry& entry : pool_for_locked(pool, false)) {
-    if (policy_.is_oversize(entry.key.size) && !entry.b->is_split() && !entry.b->owner->expandable) {
+    if (policy_.is_oversize(entry.key.size) && !entry.b->is_split() && !entry.b->owner->expandable()) {
       whole.push_back(entry.b);
     }
   }
@@ -476,7 +489,7 @@ void caching_allocator::release_unused_segments_locked() {
   for (auto it = segments_.begin(); it != segments_.end();) {
     segment* s = it->second;
     ++it;  // releasing erases s from the map
-    if (s->expandable) {
+    if (s->expandable()) {
       release_range_locked(s);
     } else if (pool_releasable_locked(s->pool) && segment_unused(s)) {
       release_segment_locked(s);
@@ -570,7 +583,7 @@ void caching_allocator::recount_oversize_locked() {
   std::int64_t allocations = 0;
   std::int64_t segments = 0;
   for (const auto& [address, s] : segments_) {
-    if (!s->expandable && policy_.is_oversize(s->size)) ++segments;
+    if (!s->expandable() && policy_.is_oversize(s->size)) ++segments;
     for (const block* b = s->first; b != nullptr; b = b->next) {
       if (b->allocated && policy_.is_oversize(b->size)) ++allocations;
     }
@@ -730,21 +743,27 @@ allocator_snapshot caching_allocator::snapshot() const {
   allocator_snapshot out;
   out.segments.reserve(segments_.size());
   for (const auto& [address, s] : segments_) {
-    if (s->expandable) {
+    if (s->expandable()) {
       snapshot_expandable_locked(s, &out);
       continue;
     }
-    segment_info info;
-    info.device = backend_.device_index();
+    segment_info info = snapshot_entry(s);
     info.address = s->address;
     info.total_size = s->size;
-    info.stream = s->stream;
-    info.is_small = s->is_small;
-    info.pool = s->pool;
     for (const block* b = s->first; b != nullptr; b = b->next) append_block_info(b, &info);
     out.segments.push_back(std::move(info));
   }
   return out;
+}
+
+segment_info caching_allocator::snapshot_entry(const segment* s) const {
+  segment_info info;
+  info.device = backend_.device_index();
+  info.stream = s->stream;
+  info.is_small = s->is_small;
+  info.pool = s->pool;
+  info.is_expandable = s->expandable();
+  return info;
 }
 
 void caching_allocator::append_block_info(const block* b, segment_info* info) {
@@ -880,10 +899,10 @@ void caching_allocator::validate() const {
   for (const auto& [address, s] : segments_) {
     if (address != s->address) fail("segment map key differs from segment address");
     if (s->first == nullptr || s->first->prev != nullptr) fail("segment does not start with a first block");
-    if (s->expandable) {
+    if (s->expandable()) {
       if (s->pool != 0) fail("an expandable segment outside the default pool");
       validate_expandable_locked(s, &mapped_chunks);
-      bump(recount.reserved_bytes, s, static_cast<std::int64_t>(s->mapped_chunks * s->chunk_bytes));
+      bump(recount.reserved_bytes, s, static_cast<std::int64_t>(s->range->mapped_chunks() * s->range->chunk_bytes()));
       for (const block* b = s->first; b != nullptr; b = b->next) {
         if (b->mapped && (b->prev == nullptr || !b->prev->mapped)) bump(recount.segment, s, 1);  // a run starts
         if (!b->mapped) ++unmapped_blocks;
@@ -901,7 +920,7 @@ void caching_allocator::validate() const {
       if (b->next != nullptr && b->next->prev != b) fail("broken neighbour links");
       expected += b->size;
       if (!b->mapped) {
-        if (!s->expandable) fail("an unmapped block in a plain segment");
+        if (!s->expandable()) fail("an unmapped block in a plain segment");
         continue;  // checked by validate_expandable_locked
       }
       const auto size = static_cast<std::int64_t>(b->size);

@@ -45,6 +45,7 @@
 #include <limits>
 #include <string>
 
+#include "streamalloc/core/block_list.hpp"
 #include "streamalloc/core/caching_allocator.hpp"
 #include "streamalloc/util/errors.hpp"
 
@@ -56,8 +57,6 @@ namespace {
 constexpr int k_repeat_stitch_budget = 16;
 
 std::size_t chunks_for(std::size_t bytes, std::size_t chunk) { return bytes / chunk + (bytes % chunk != 0 ? 1 : 0); }
-
-void* to_pointer(std::uintptr_t address) { return reinterpret_cast<void*>(address); }
 
 }  // namespace
 
@@ -75,16 +74,11 @@ void caching_allocator::init_expandable_locked() {
   }
 }
 
-block* caching_allocator::grow_any_locked(std::size_t rounded, stream_handle stream, pool_id pool, bool capturing) {
-  // Stitching synchronizes streams, which a capture forbids.
-  return uses_expandable(pool) ? grow_expandable_locked(rounded, stream, !capturing) : grow_locked(rounded, stream, pool);
-}
-
 block* caching_allocator::grow_expandable_locked(std::size_t rounded, stream_handle stream, bool may_stitch) {
   // Beyond the cap nothing can serve it (and chunk arithmetic stays far
   // from overflow).
   if (rounded > allowed_bytes_) return nullptr;
-  const bool small = policy_.is_small(rounded, true);
+  const bool small = policy_.in_small_pool(rounded, 0);  // only the default pool expands
   const free_block_set& unmapped = small ? unmapped_.small : unmapped_.large;
   placement where = place_locked(unmapped, rounded, stream);
   if (where.target == nullptr) {
@@ -162,28 +156,6 @@ void caching_allocator::count_stitch_locked(std::size_t rounded) {
   }
 }
 
-void caching_allocator::allow_peer_access(int peer_device) {
-  std::lock_guard<adaptive_mutex> lock(mutex_);
-  // Remembered even while expandable segments are off: update_config may
-  // switch them on, and every chunk mapped then must be open to the peer.
-  if (peer_device == backend_.device_index() || std::find(peers_.begin(), peers_.end(), peer_device) != peers_.end()) {
-    return;
-  }
-  for (const auto& [address, s] : segments_) {
-    if (!s->expandable) continue;
-    for (std::size_t slot = 0; slot < s->chunks.size(); ++slot) {
-      if (s->chunks[slot] == 0) continue;
-      const status st = backend_.vm_allow_peer(to_pointer(s->address + slot * s->chunk_bytes), s->chunk_bytes, peer_device);
-      if (!st) {
-        throw device_failure("streamalloc: device " + std::to_string(backend_.device_index()) +
-                             " could not open its memory to device " + std::to_string(peer_device) + ": " +
-                             st.message());
-      }
-    }
-  }
-  peers_.push_back(peer_device);
-}
-
 caching_allocator::placement caching_allocator::place_locked(const free_block_set& unmapped, std::size_t rounded,
                                                              stream_handle stream) const {
   placement best;
@@ -212,23 +184,20 @@ caching_allocator::placement caching_allocator::place_locked(const free_block_se
 segment* caching_allocator::reserve_range_locked(std::size_t rounded, bool small) {
   std::size_t bytes = range_bytes_;
   if (rounded > bytes && !round_up_checked(rounded, chunk_bytes_, &bytes)) return nullptr;
-  void* base = nullptr;
-  const status st = backend_.vm_reserve(bytes, &base);
-  if (!st) {
+  status st;
+  std::unique_ptr<expandable_range> range = expandable_range::reserve(backend_, bytes, chunk_bytes_, peers_, &st);
+  if (range == nullptr) {
     if (st.code() == status_code::out_of_memory) return nullptr;
     throw device_failure("streamalloc: device " + std::to_string(backend_.device_index()) +
                          " failed to reserve an address range: " + st.message());
   }
   auto* s = new segment;
-  s->address = reinterpret_cast<std::uintptr_t>(base);
+  s->address = range->address();
   s->size = bytes;
   s->is_small = small;
   s->free_set = &pool_for_locked(0, small);
-  s->expandable = true;
+  s->range = std::move(range);
   s->unmapped_set = small ? &unmapped_.small : &unmapped_.large;
-  s->chunk_bytes = chunk_bytes_;
-  s->chunks.assign(bytes / chunk_bytes_, 0);
-  s->stitched.assign(bytes / chunk_bytes_, false);
   block* b = new_block_locked();
   b->address = s->address;
   b->size = bytes;
@@ -243,7 +212,7 @@ segment* caching_allocator::reserve_range_locked(std::size_t rounded, bool small
 std::size_t caching_allocator::idle_chunks(const block* b) const {
   // Chunk boundaries are offsets from the range's base, which is only
   // aligned to the device granularity.
-  const std::size_t chunk = b->owner->chunk_bytes;
+  const std::size_t chunk = b->owner->range->chunk_bytes();
   const std::uintptr_t offset = b->address - b->owner->address;
   const std::uintptr_t first = (offset + chunk - 1) / chunk * chunk;
   const std::uintptr_t last = (offset + b->size) / chunk * chunk;
@@ -264,7 +233,7 @@ std::size_t caching_allocator::steal_idle_chunks_locked(std::size_t wanted, cons
       const auto stream_end = set->upper_bound(block_key{s, std::numeric_limits<std::size_t>::max(), std::numeric_limits<std::uintptr_t>::max()});
       for (it = set->lower_bound(block_key{s, chunk_bytes_, 0}); it != stream_end; ++it) {
         block* b = it->b;
-        if (!b->owner->expandable || idle_chunks(b) == 0 || std::find(std::begin(keep), std::end(keep), b) != std::end(keep)) {
+        if (!b->owner->expandable() || idle_chunks(b) == 0 || std::find(std::begin(keep), std::end(keep), b) != std::end(keep)) {
           continue;
         }
         donors.push_back(b);
@@ -309,23 +278,18 @@ std::size_t caching_allocator::steal_idle_chunks_locked(std::size_t wanted, cons
 std::size_t caching_allocator::unmap_idle_chunks_locked(block* d, std::size_t max_chunks,
                                                         std::vector<physical_handle>* keep) {
   segment* s = d->owner;
-  const std::size_t chunk = s->chunk_bytes;
+  const std::size_t chunk = s->range->chunk_bytes();
   const std::uintptr_t end = d->address + d->size;
   const std::uintptr_t last = s->address + (end - s->address) / chunk * chunk;
   const std::size_t wanted = std::min(idle_chunks(d), max_chunks);
-  // From the block's end backwards, so a failure leaves one contiguous run.
-  std::size_t done = 0;
-  while (done < wanted) {
-    const std::uintptr_t at = last - (done + 1) * chunk;
-    if (!backend_.vm_unmap(to_pointer(at), chunk)) break;
-    const physical_handle handle = forget_chunk_locked(s, at);
+  const std::size_t done = s->range->unmap_backwards(last, wanted, [&](physical_handle handle) {
+    count_unmaps_locked(s, 1);
     if (keep != nullptr) {
       keep->push_back(handle);
     } else {
       destroy_chunks_locked({handle});
     }
-    ++done;
-  }
+  });
   if (done == 0) return 0;
 
   // Cut d into [head][hole][tail]; head and tail stay free and mapped.
@@ -334,30 +298,15 @@ std::size_t caching_allocator::unmap_idle_chunks_locked(block* d, std::size_t ma
   erase_free_locked(d);
   block* tail = nullptr;
   if (last < end) {
-    tail = new_block_locked();
-    tail->address = last;
-    tail->size = end - last;
+    tail = split_at(d, last - d->address, new_block_locked());
     tail->stream = d->stream;
-    tail->owner = s;
-    tail->prev = d;
-    tail->next = d->next;
-    if (d->next != nullptr) d->next->prev = tail;
-    d->next = tail;
   }
   block* hole = d;
   block* head = nullptr;
   if (hole_start > d->address) {
-    hole = new_block_locked();
-    hole->address = hole_start;
-    hole->owner = s;
-    hole->prev = d;
-    hole->next = d->next;
-    if (d->next != nullptr) d->next->prev = hole;
-    d->next = hole;
-    d->size = hole_start - d->address;
+    hole = split_at(d, hole_start - d->address, new_block_locked());
     head = d;
   }
-  hole->size = last - hole_start;
   hole->mapped = false;
   hole->stream = 0;
   block* outer_left = head == nullptr ? hole->prev : nullptr;
@@ -373,43 +322,26 @@ std::size_t caching_allocator::unmap_idle_chunks_locked(block* d, std::size_t ma
 
 status caching_allocator::map_chunks_locked(block* target, const std::vector<physical_handle>& handles,
                                             std::size_t stolen) {
+  // On a failure the range unmaps what it mapped; the caller destroys every
+  // handle.
   segment* s = target->owner;
-  for (std::size_t i = 0; i < handles.size(); ++i) {
-    const std::uintptr_t at = target->address + i * chunk_bytes_;
-    status st = backend_.vm_map(to_pointer(at), chunk_bytes_, handles[i]);
-    for (std::size_t p = 0; st && p < peers_.size(); ++p) {
-      st = backend_.vm_allow_peer(to_pointer(at), chunk_bytes_, peers_[p]);
-      if (!st) (void)backend_.vm_unmap(to_pointer(at), chunk_bytes_);
-    }
-    if (!st) {
-      // Undo the part already mapped; the caller destroys every handle.
-      for (std::size_t j = i; j-- > 0;) {
-        const std::uintptr_t undo = target->address + j * chunk_bytes_;
-        if (backend_.vm_unmap(to_pointer(undo), chunk_bytes_)) forget_chunk_locked(s, undo);
-      }
-      return st;
-    }
-    const std::size_t slot = s->slot_of(at);
-    s->chunks[slot] = handles[i];
-    s->stitched[slot] = i < stolen;
-    ++s->mapped_chunks;
-    update_stat(stats_.reserved_bytes, s, static_cast<std::int64_t>(chunk_bytes_));
-    stats_.mapped_chunks.increase(1);
-    ++stats_.num_chunk_maps;
-  }
-  return status::success();
+  expandable_range::map_result result;
+  const status st = s->range->map(target->address, handles, stolen, &result);
+  count_maps_locked(s, result.mapped);
+  count_unmaps_locked(s, result.undone);
+  return st;
 }
 
-physical_handle caching_allocator::forget_chunk_locked(segment* s, std::uintptr_t at) {
-  const std::size_t slot = s->slot_of(at);
-  const physical_handle handle = s->chunks[slot];
-  s->chunks[slot] = 0;
-  s->stitched[slot] = false;
-  --s->mapped_chunks;
-  update_stat(stats_.reserved_bytes, s, -static_cast<std::int64_t>(s->chunk_bytes));
-  stats_.mapped_chunks.decrease(1);
-  ++stats_.num_chunk_unmaps;
-  return handle;
+void caching_allocator::count_maps_locked(const segment* s, std::size_t chunks) {
+  update_stat(stats_.reserved_bytes, s, static_cast<std::int64_t>(chunks * s->range->chunk_bytes()));
+  stats_.mapped_chunks.increase(static_cast<std::int64_t>(chunks));
+  stats_.num_chunk_maps += static_cast<std::int64_t>(chunks);
+}
+
+void caching_allocator::count_unmaps_locked(const segment* s, std::size_t chunks) {
+  update_stat(stats_.reserved_bytes, s, -static_cast<std::int64_t>(chunks * s->range->chunk_bytes()));
+  stats_.mapped_chunks.decrease(static_cast<std::int64_t>(chunks));
+  stats_.num_chunk_unmaps += static_cast<std::int64_t>(chunks);
 }
 
 void caching_allocator::destroy_chunks_locked(const std::vector<physical_handle>& handles) {
@@ -426,16 +358,8 @@ block* caching_allocator::take_mapped_front_locked(const placement& where, strea
   const std::size_t bytes = where.chunks * chunk_bytes_;
   s->unmapped_set->erase(target->free_position);
   if (bytes < target->size) {
-    block* rest = new_block_locked();
-    rest->address = target->address + bytes;
-    rest->size = target->size - bytes;
-    rest->owner = s;
+    block* rest = split_at(target, bytes, new_block_locked());
     rest->mapped = false;
-    rest->prev = target;
-    rest->next = target->next;
-    if (target->next != nullptr) target->next->prev = rest;
-    target->next = rest;
-    target->size = bytes;
     rest->free_position = s->unmapped_set->insert(free_entry{key_of(rest), rest}).first;
   }
   target->mapped = true;
@@ -445,19 +369,13 @@ block* caching_allocator::take_mapped_front_locked(const placement& where, strea
   // A hole mapped whole may touch a free block of the stream after it.
   if (block* after = target->next; after != nullptr && after->is_free_mapped() && after->stream == stream) {
     erase_free_locked(after);
-    target->size += after->size;
-    target->next = after->next;
-    if (after->next != nullptr) after->next->prev = target;
-    delete_block_locked(after);
+    delete_block_locked(absorb_next(target));
   }
   block* result = target;
   if (where.prefix != nullptr) {
     block* prefix = where.prefix;
     erase_free_locked(prefix);
-    prefix->size += target->size;
-    prefix->next = target->next;
-    if (target->next != nullptr) target->next->prev = prefix;
-    delete_block_locked(target);
+    delete_block_locked(absorb_next(prefix));
     result = prefix;
   }
   refresh_split_count_locked(result->prev);
@@ -469,18 +387,12 @@ void caching_allocator::insert_unmapped_locked(block* b) {
   segment* s = b->owner;
   if (block* prev = b->prev; prev != nullptr && !prev->mapped) {
     s->unmapped_set->erase(prev->free_position);
-    prev->size += b->size;
-    prev->next = b->next;
-    if (b->next != nullptr) b->next->prev = prev;
-    delete_block_locked(b);
+    delete_block_locked(absorb_next(prev));
     b = prev;
   }
   if (block* next = b->next; next != nullptr && !next->mapped) {
     s->unmapped_set->erase(next->free_position);
-    b->size += next->size;
-    b->next = next->next;
-    if (next->next != nullptr) next->next->prev = b;
-    delete_block_locked(next);
+    delete_block_locked(absorb_next(b));
   }
   b->free_position = s->unmapped_set->insert(free_entry{key_of(b), b}).first;
 }
@@ -504,12 +416,8 @@ block* caching_allocator::absorb_following_free_locked(block* b) {
   // these blocks, so their stream tags no longer matter.
   erase_free_locked(b);
   while (b->next != nullptr && b->next->is_free_mapped()) {
-    block* next = b->next;
-    erase_free_locked(next);
-    b->size += next->size;
-    b->next = next->next;
-    if (next->next != nullptr) next->next->prev = b;
-    delete_block_locked(next);
+    erase_free_locked(b->next);
+    delete_block_locked(absorb_next(b));
   }
   insert_free_locked(b);
   return b;
@@ -517,14 +425,14 @@ block* caching_allocator::absorb_following_free_locked(block* b) {
 
 void caching_allocator::release_idle_chunks_locked() {
   if (chunk_bytes_ == 0) return;  // expandable segments never used: no range exists
-  const auto has_idle = [&](const free_entry& e) { return e.b->owner->expandable && idle_chunks(e.b) > 0; };
+  const auto has_idle = [&](const free_entry& e) { return e.b->owner->expandable() && idle_chunks(e.b) > 0; };
   const auto any_idle = [&] {
     for (const free_block_set* set : {&default_pool_.small, &default_pool_.large}) {
       if (std::any_of(set->begin(), set->end(), has_idle)) return true;
     }
     // Adjacent free blocks of different streams may share an idle chunk.
     for (const auto& [address, s] : segments_) {
-      if (!s->expandable) continue;
+      if (!s->expandable()) continue;
       for (const block* b = s->first; b != nullptr; b = b->next) {
         if (b->is_free_mapped() && b->next != nullptr && b->next->is_free_mapped()) return true;
       }
@@ -535,7 +443,7 @@ void caching_allocator::release_idle_chunks_locked() {
   if (!backend_.synchronize_device()) return;  // no proof that the chunks are unused
   ++stats_.num_sync_all_streams;
   for (const auto& [address, s] : segments_) {
-    if (!s->expandable) continue;
+    if (!s->expandable()) continue;
     for (block* b = s->first; b != nullptr; b = b->next) {
       if (b->is_free_mapped() && b->next != nullptr && b->next->is_free_mapped()) b = absorb_following_free_locked(b);
     }
@@ -551,7 +459,7 @@ void caching_allocator::release_idle_chunks_locked() {
 
 bool caching_allocator::release_range_locked(segment* s) {
   // Only a range with nothing mapped: a single unmapped block.
-  if (s->mapped_chunks != 0 || !backend_.vm_release(to_pointer(s->address), s->size)) return false;
+  if (!s->range->release()) return false;
   block* b = s->first;
   s->unmapped_set->erase(b->free_position);
   delete_block_locked(b);
@@ -563,14 +471,9 @@ bool caching_allocator::release_range_locked(segment* s) {
 void caching_allocator::release_ranges_at_exit() {
   bool synchronized = false;
   for (auto& [address, s] : segments_) {
-    if (!s->expandable) continue;
-    if (!synchronized && s->mapped_chunks > 0) backend_.synchronize_device(), synchronized = true;
-    for (std::size_t slot = 0; slot < s->chunks.size(); ++slot) {
-      if (s->chunks[slot] == 0) continue;
-      backend_.vm_unmap(to_pointer(s->address + slot * s->chunk_bytes), s->chunk_bytes);
-      backend_.vm_destroy(s->chunks[slot]);
-    }
-    backend_.vm_release(to_pointer(s->address), s->size);
+    if (!s->expandable()) continue;
+    if (!synchronized && s->range->mapped_chunks() > 0) backend_.synchronize_device(), synchronized = true;
+    s->range->release_at_exit();
   }
 }
 
@@ -582,20 +485,13 @@ void caching_allocator::snapshot_expandable_locked(const segment* s, allocator_s
       b = b->next;
       continue;
     }
-    segment_info info;
-    info.device = backend_.device_index();
+    segment_info info = snapshot_entry(s);
     info.address = b->address;
-    info.stream = s->stream;
-    info.is_small = s->is_small;
-    info.pool = s->pool;
-    info.is_expandable = true;
     for (; b != nullptr && b->mapped; b = b->next) {
       append_block_info(b, &info);
       info.total_size += b->size;
     }
-    for (std::size_t slot = s->slot_of(info.address); slot < s->slot_of(info.address + info.total_size); ++slot) {
-      if (s->stitched[slot]) info.is_stitched = true;
-    }
+    info.is_stitched = s->range->any_stitched(info.address, info.address + info.total_size);
     out->segments.push_back(std::move(info));
   }
 }
@@ -607,16 +503,18 @@ void caching_allocator::snapshot_expandable_locked(const segment* s, allocator_s
 // mapped twice anywhere.
 void caching_allocator::validate_expandable_locked(const segment* s, std::vector<physical_handle>* seen) const {
   auto fail = [](const std::string& what) { throw std::logic_error("streamalloc invariant violated: " + what); };
-  const std::size_t chunk = s->chunk_bytes;
+  const expandable_range& range = *s->range;
+  const std::size_t chunk = range.chunk_bytes();
+  if (range.address() != s->address || range.size() != s->size) fail("a range and its segment disagree on their bounds");
   if (s->unmapped_set != (s->is_small ? &unmapped_.small : &unmapped_.large)) fail("a range points at another pool's unmapped set");
-  std::vector<bool> touched(s->chunks.size(), false);
+  std::vector<bool> touched(range.slots(), false);
   std::size_t unmapped_blocks = 0;
   for (const block* b = s->first; b != nullptr; b = b->next) {
-    const std::size_t first = s->slot_of(b->address);
-    const std::size_t last = s->slot_of(b->address + b->size - 1);
+    const std::size_t first = range.slot_of(b->address);
+    const std::size_t last = range.slot_of(b->address + b->size - 1);
     if (b->mapped) {
       for (std::size_t slot = first; slot <= last; ++slot) {
-        if (s->chunks[slot] == 0) fail("a mapped block covers an unmapped chunk");
+        if (range.chunk(slot) == 0) fail("a mapped block covers an unmapped chunk");
         touched[slot] = true;
       }
       continue;
@@ -626,7 +524,7 @@ void caching_allocator::validate_expandable_locked(const segment* s, std::vector
     if ((b->address - s->address) % chunk != 0 || b->size % chunk != 0) fail("an unmapped block is not chunk-aligned");
     if (b->next != nullptr && !b->next->mapped) fail("adjacent unmapped blocks not coalesced");
     for (std::size_t slot = first; slot <= last; ++slot) {
-      if (s->chunks[slot] != 0) fail("an unmapped block has a chunk mapped under it");
+      if (range.chunk(slot) != 0) fail("an unmapped block has a chunk mapped under it");
     }
     auto found = s->unmapped_set->find(key_of(b));
     if (found == s->unmapped_set->end() || found->b != b || b->free_position != found) {
@@ -634,17 +532,17 @@ void caching_allocator::validate_expandable_locked(const segment* s, std::vector
     }
   }
   std::size_t mapped = 0;
-  for (std::size_t slot = 0; slot < s->chunks.size(); ++slot) {
-    if (s->chunks[slot] == 0) {
-      if (s->stitched[slot]) fail("an unmapped chunk slot is marked stitched");
+  for (std::size_t slot = 0; slot < range.slots(); ++slot) {
+    if (range.chunk(slot) == 0) {
+      if (range.stitched(slot)) fail("an unmapped chunk slot is marked stitched");
       continue;
     }
     ++mapped;
     if (!touched[slot]) fail("a mapped chunk lies under no mapped block");
-    seen->push_back(s->chunks[slot]);
+    seen->push_back(range.chunk(slot));
   }
-  if (mapped != s->mapped_chunks) fail("a range's mapped-chunk count is out of date");
-  if (unmapped_blocks == 0 && s->mapped_chunks * chunk != s->size) fail("a range's blocks and chunks disagree");
+  if (mapped != range.mapped_chunks()) fail("a range's mapped-chunk count is out of date");
+  if (unmapped_blocks == 0 && range.mapped_chunks() * chunk != s->size) fail("a range's blocks and chunks disagree");
 }
 
 }  // namespace streamalloc

@@ -121,11 +121,10 @@ bool caching_allocator::free_segment_locked(const segment* s) {
 }
 
 block* caching_allocator::take_from_use_on_oom_pools_locked(std::size_t rounded, stream_handle stream) {
-  // Private pools use plain segments, so the small/large split is the plain one.
-  const bool small = policy_.is_small(rounded, false);
   for (auto& [id, p] : private_pools_) {
     if (!p.use_on_oom) continue;
-    if (block* b = find_free_block_locked(small ? p.free.small : p.free.large, rounded, stream)) return b;
+    free_block_set& set = policy_.in_small_pool(rounded, id) ? p.free.small : p.free.large;
+    if (block* b = find_free_block_locked(set, rounded, stream)) return b;
   }
   return nullptr;
 }
@@ -361,22 +360,22 @@ caching_allocator::shareable_range caching_allocator::share_range(const void* pt
   if (b == nullptr) throw usage_error("share_range: " + describe_unknown_pointer_locked(ptr));
   const segment* s = b->owner;
   shareable_range out;
-  if (!s->expandable) {
+  if (!s->expandable()) {
     out.address = s->address;
     out.size = s->size;
     return out;
   }
   // The chunks under the block: its range widened to chunk boundaries,
   // which are offsets from the range's base.
-  const std::size_t chunk = s->chunk_bytes;
-  const std::size_t first = s->slot_of(b->address);
-  const std::size_t end = s->slot_of(b->address + b->size - 1) + 1;
+  const expandable_range& range = *s->range;
+  const std::size_t chunk = range.chunk_bytes();
+  const std::size_t first = range.slot_of(b->address);
+  const std::size_t end = range.slot_of(b->address + b->size - 1) + 1;
   out.address = s->address + first * chunk;
   out.size = (end - first) * chunk;
   out.expandable = true;
   out.chunk_bytes = chunk;
-  out.chunks.assign(s->chunks.begin() + static_cast<std::ptrdiff_t>(first),
-                    s->chunks.begin() + static_cast<std::ptrdiff_t>(end));
+  out.chunks = range.chunks_of(first, end);
   return out;
 }
 

@@ -6,7 +6,8 @@
 //   exactly, linked in address order (prev/next).
 // - split: cutting a free block in two so a request takes the front part;
 //   the remainder stays free.  Coalesce: merging a freed block with free
-//   neighbours of the same stream.
+//   neighbours of the same stream.  Both are done by split_at and
+//   absorb_next (block_list.hpp), for every list of blocks.
 // - pool: the free blocks available for reuse, kept per (memory pool,
 //   small/large, stream) and ordered by (stream, size, address).
 // - stream use: a stream other than the allocating stream that touched the
@@ -15,7 +16,8 @@
 //   running; it returns to its pool once their events complete.
 // - expandable segment: a reserved address range whose chunks are mapped
 //   and unmapped one by one (Note [expandable segments]); its blocks tile
-//   the whole range and each is either mapped or unmapped.
+//   the whole range and each is either mapped or unmapped. The range and
+//   its chunks are an expandable_range (expandable_range.hpp).
 // - chunk: the unit of physical memory mapped into an expandable segment.
 //   An idle chunk lies wholly inside one free mapped block.
 // - stitching: unmapping idle chunks from free holes and mapping them
@@ -24,10 +26,12 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <set>
 #include <vector>
 
 #include "streamalloc/backend/device_backend.hpp"
+#include "streamalloc/core/expandable_range.hpp"
 #include "streamalloc/core/node_recycler.hpp"
 #include "streamalloc/core/snapshot.hpp"
 
@@ -102,17 +106,12 @@ struct segment {
   free_block_set* free_set = nullptr;  // where its free blocks are cached
   block* first = nullptr;
 
-  // --- expandable segments only (size is the reserved range) ---
-  bool expandable = false;
+  // --- expandable segments only (address and size are the range's) ---
+  // The reserved range and its chunks; nullptr for a plain segment.
+  std::unique_ptr<expandable_range> range;
   free_block_set* unmapped_set = nullptr;  // where its unmapped blocks are kept
-  std::size_t chunk_bytes = 0;
-  // One entry per chunk slot of the range: the chunk mapped there (0 when
-  // unmapped) and whether it arrived by stitching.
-  std::vector<physical_handle> chunks;
-  std::vector<bool> stitched;
-  std::size_t mapped_chunks = 0;
 
-  std::size_t slot_of(std::uintptr_t at) const { return (at - address) / chunk_bytes; }
+  bool expandable() const { return range != nullptr; }
 };
 
 }  // namespace streamalloc

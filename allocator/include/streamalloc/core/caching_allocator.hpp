@@ -235,7 +235,7 @@ class caching_allocator {
   template <typename iterator>
   iterator skip_switched_off_locked(const free_block_set& set, iterator it, stream_handle stream) const {
     if (expandable_ || chunk_bytes_ == 0) return it;
-    while (it != set.end() && it->key.stream == stream && it->b->owner->expandable) ++it;
+    while (it != set.end() && it->key.stream == stream && it->b->owner->expandable()) ++it;
     return it;
   }
 
@@ -257,8 +257,9 @@ class caching_allocator {
   std::size_t idle_chunks(const block* b) const;
   std::size_t unmap_idle_chunks_locked(block* b, std::size_t max_chunks, std::vector<physical_handle>* keep);
   status map_chunks_locked(block* target, const std::vector<physical_handle>& handles, std::size_t stolen);
-  // The books of one chunk just unmapped at `at`; returns its handle.
-  physical_handle forget_chunk_locked(segment* s, std::uintptr_t at);
+  // The statistics of `chunks` chunks just mapped into, or unmapped from, `s`.
+  void count_maps_locked(const segment* s, std::size_t chunks);
+  void count_unmaps_locked(const segment* s, std::size_t chunks);
   void destroy_chunks_locked(const std::vector<physical_handle>& handles);
   block* take_mapped_front_locked(const placement& where, stream_handle stream);
   void insert_unmapped_locked(block* b);
@@ -268,6 +269,9 @@ class caching_allocator {
   bool release_range_locked(segment* s);
   void release_ranges_at_exit();
   void snapshot_expandable_locked(const segment* s, allocator_snapshot* out) const;
+  // A snapshot segment for `s` (or a mapped run of it): all but its
+  // address, size and blocks.
+  segment_info snapshot_entry(const segment* s) const;
   // Adds `b` to a snapshot segment and to its allocated/active/requested sums.
   static void append_block_info(const block* b, segment_info* info);
   void validate_expandable_locked(const segment* s, std::vector<physical_handle>* seen) const;
@@ -351,11 +355,14 @@ class caching_allocator {
   double fraction_ = 1.0;
   pool_pair default_pool_{&set_nodes_};
   // Expandable segments: whether the default pool uses them, their chunk
-  // size, the size of a fresh range, and the unmapped blocks per pool kind.
+  // size, the size of a fresh range, the devices every range is opened to
+  // (allow_peer_access; a range reserved later starts with them), and the
+  // unmapped blocks per pool kind. Each range's chunks are its
+  // expandable_range's (segment::range).
   bool expandable_ = false;
   std::size_t chunk_bytes_ = 0;
   std::size_t range_bytes_ = 0;
-  std::vector<int> peers_;  // devices every mapping is opened to (allow_peer_access)
+  std::vector<int> peers_;
   pool_pair unmapped_{&set_nodes_};
   // Note [stitching]: the highest level of allocated memory a stitch served,
   // and the stitches since then at levels no higher.

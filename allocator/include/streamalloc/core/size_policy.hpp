@@ -5,6 +5,7 @@
 #include <cstddef>
 
 #include "streamalloc/core/config.hpp"
+#include "streamalloc/core/snapshot.hpp"
 
 namespace streamalloc {
 
@@ -20,10 +21,12 @@ class size_policy {
 
   // Rounded block size for a request; false if it would overflow.
   bool round(std::size_t requested, std::size_t* out) const;
-  // Whether the small pool serves `rounded`, in the default pool or in a
-  // private one.
-  bool is_small(std::size_t rounded, bool default_pool) const {
-    return rounded <= (default_pool ? default_pool_small_bytes_ : plain_small_bytes_);
+  // The pool choice, made here only: whether a request of `rounded` bytes
+  // goes to the small or the large free blocks of memory pool `pool` (0: the
+  // default pool, which may use expandable segments; private pools use plain
+  // ones).
+  bool in_small_pool(std::size_t rounded, pool_id pool) const {
+    return rounded <= (pool == 0 ? default_pool_small_bytes_ : plain_small_bytes_);
   }
   // Size of the plain segment to create for a rounded request; false on overflow.
   bool segment_size(std::size_t rounded, std::size_t* out) const;

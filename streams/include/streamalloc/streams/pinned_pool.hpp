@@ -139,9 +139,10 @@ class pinned_pool {
   void reset_accumulated_stats();
   const pinned_pool_config& config() const { return config_; }
 
-  // Checks every structural invariant and recounts the stats; returns an
-  // empty string, or the first violation found.
-  std::string validate() const;
+  // Checks every structural invariant and recounts the stats; throws
+  // std::logic_error describing the first violation (as
+  // caching_allocator::validate does).
+  void validate() const;
 
  private:
   enum class block_state { free, allocated, pending };
@@ -183,6 +184,8 @@ class pinned_pool {
   void hand_out_locked(block* b, std::size_t rounded, std::size_t requested);
   void free_block_locked(block* b);
   std::size_t process_events_locked();
+  // validate()'s checks: the first violation, or an empty string.
+  std::string first_violation_locked() const;
   std::size_t slab_bytes_for_locked(std::size_t rounded, bool small) const;
   std::size_t release_idle_slabs_locked(std::size_t keep_bytes, std::string* first_error);
   bool slab_idle(const slab& s) const { return s.first->state == block_state::free && s.first->size == s.size; }
