@@ -17,8 +17,9 @@ namespace streamalloc {
 namespace {
 
 // torch's device-allocator keys that mean the same in streamalloc.
-constexpr const char* k_shared_keys[] = {"max_split_size_mb", "max_non_split_rounding_mb", "roundup_power2_divisions",
-                                         "garbage_collection_threshold", "expandable_segments"};
+constexpr const char* k_shared_keys[] = {"max_split_size_mb",           "max_non_split_rounding_mb",
+                                         "roundup_power2_divisions",    "garbage_collection_threshold",
+                                         "expandable_segments",         "graph_capture_record_stream_reuse"};
 
 std::string trimmed(const std::string& text) {
   const auto begin = std::find_if_not(text.begin(), text.end(), [](unsigned char c) { return std::isspace(c); });
@@ -66,7 +67,7 @@ void apply_torch_allocator_settings(const std::string& settings) {
   if (!ignored.empty()) {
     TORCH_WARN("streamalloc ignores these allocator settings of torch's native CUDA allocator: ", ignored,
                ". streamalloc applies ", "max_split_size_mb, max_non_split_rounding_mb, roundup_power2_divisions, ",
-               "garbage_collection_threshold and expandable_segments; its own options are set with STREAMALLOC_CONF.");
+               "garbage_collection_threshold, expandable_segments and graph_capture_record_stream_reuse; its own options are set with STREAMALLOC_CONF.");
   }
   // Like torch, every call starts from the settings before any call: a key
   // it does not name returns to its value at installation.

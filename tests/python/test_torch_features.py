@@ -36,6 +36,15 @@ def test_graph_trees_checkpoint_and_check_pools_through_streamalloc(graph_trees)
     assert calls["getCheckpointState"] > 0
 
 
+@pytest.mark.parametrize("reuse", ["True", "False"])
+def test_record_stream_reuse_during_capture_like_native(scripts, reuse):
+    native = scripts.run_ok("capture_reuse.py", "native", reuse)
+    ours = scripts.run_ok("capture_reuse.py", "streamalloc", reuse)
+    assert not ours["reused_before_join"] and not native["reused_before_join"]
+    assert ours["reused_after_join"] == native["reused_after_join"] == (reuse == "True")
+    assert ours["out_sum"] == native["out_sum"] == 64 * 7.0
+
+
 def counting_allocator_library():
     path = os.environ.get("STREAMALLOC_COUNTING_ALLOCATOR", "")
     return path if path and Path(path).is_file() else ""

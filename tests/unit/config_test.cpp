@@ -372,7 +372,7 @@ TEST_CASE("config: from_environment reads STREAMALLOC_CONF", "[config]") {
 
 TEST_CASE("config: keys() documents every key exactly once", "[config]") {
   const auto& keys = allocator_config::keys();
-  CHECK(keys.size() == 16);
+  CHECK(keys.size() == 17);
   std::set<std::string> names;
   const std::string rendered = allocator_config{}.to_string();
   for (const auto& doc : keys) {
@@ -396,7 +396,8 @@ TEST_CASE("config: to_string renders every key and round-trips", "[config]") {
     CHECK(text ==
           "min_block_bytes:512,small_size_kb:auto,small_segment_mb:2,large_segment_mb:20,min_large_alloc_mb:10,"
           "large_round_mb:2,max_split_size_mb:unlimited,max_non_split_rounding_mb:20,roundup_power2_divisions:0,"
-          "cross_stream_reuse:True,memory_fraction:1,garbage_collection_threshold:0,expandable_segments:True,"
+          "cross_stream_reuse:True,graph_capture_record_stream_reuse:False,memory_fraction:1,garbage_collection_threshold:0,"
+          "expandable_segments:True,"
           "stitching:True,stitch_slack:0.005,vmm_chunk_mb:2");
     check_same(allocator_config::parse(text), c);
   }

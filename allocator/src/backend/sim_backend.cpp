@@ -557,6 +557,57 @@ status sim_backend::vm_allow_peer(void* address, std::size_t bytes, int peer_dev
 
 // --- test controls ---
 
+status sim_backend::capture_frontier(stream_handle stream, bool* capturing, std::vector<graph_node_handle>* frontier) {
+  if (capturing == nullptr || frontier == nullptr) return {status_code::invalid_argument, "capture_frontier needs outputs"};
+  std::lock_guard<std::mutex> lock(mutex_);
+  const auto it = capture_frontiers_.find(stream);
+  *capturing = it != capture_frontiers_.end();
+  frontier->clear();
+  if (*capturing) *frontier = it->second;
+  return status::success();
+}
+
+status sim_backend::capture_dependencies(graph_node_handle node, std::vector<graph_node_handle>* out) {
+  if (out == nullptr) return {status_code::invalid_argument, "capture_dependencies needs an output"};
+  std::lock_guard<std::mutex> lock(mutex_);
+  const auto it = capture_nodes_.find(node);
+  if (it == capture_nodes_.end()) return {status_code::invalid_argument, "capture_dependencies: unknown node"};
+  *out = it->second;
+  return status::success();
+}
+
+void sim_backend::capture_begin(stream_handle stream) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  capture_frontiers_[stream].clear();
+}
+
+graph_node_handle sim_backend::capture_work(stream_handle stream) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const auto it = capture_frontiers_.find(stream);
+  if (it == capture_frontiers_.end()) throw std::invalid_argument("capture_work: the stream is not capturing");
+  const graph_node_handle node = next_node_++;
+  capture_nodes_[node] = it->second;
+  it->second = {node};
+  return node;
+}
+
+void sim_backend::capture_wait(stream_handle waiter, stream_handle signaler) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const auto from = capture_frontiers_.find(signaler);
+  if (from == capture_frontiers_.end()) throw std::invalid_argument("capture_wait: the signaling stream is not capturing");
+  const std::vector<graph_node_handle> added = from->second;
+  std::vector<graph_node_handle>& frontier = capture_frontiers_[waiter];
+  for (graph_node_handle node : added) {
+    if (std::find(frontier.begin(), frontier.end(), node) == frontier.end()) frontier.push_back(node);
+  }
+}
+
+void sim_backend::capture_end() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  capture_frontiers_.clear();
+  capture_nodes_.clear();
+}
+
 stream_handle sim_backend::new_stream() {
   std::lock_guard<std::mutex> lock(mutex_);
   return next_stream_++;

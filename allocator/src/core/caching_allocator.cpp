@@ -23,6 +23,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <unordered_set>
 
 #include "streamalloc/core/block_list.hpp"
 #include "streamalloc/util/errors.hpp"
@@ -113,6 +114,7 @@ void* caching_allocator::allocate_locked(std::size_t bytes, stream_handle stream
   // Costs nothing when no free is pending; event queries are not allowed
   // while a capture is underway.
   if (!pending_.empty() && !capturing) process_events_locked();
+  if (capturing && !capture_frees_.empty()) reclaim_reachable_frees_locked(stream, pool);
 
   // Stage 2: best fit among this stream's cached blocks.
   block* found = find_free_block_locked(free_set, rounded, stream);
@@ -304,6 +306,8 @@ void caching_allocator::free(void* ptr) {
   } else if (capture_count_.load(std::memory_order_relaxed) != 0) {
     b->pending_events = 1;  // stands for the events recorded when captures end
     deferred_frees_.push_back(b);
+    // Note [capture reuse]: it may return during the capture; else at its end.
+    if (config_.graph_capture_record_stream_reuse) watch_capture_uses_locked(b);
   } else {
     insert_events_locked(b);
   }
@@ -626,7 +630,62 @@ void caching_allocator::release_pool(pool_id id) {
   if (--it->second.use_count == 0 && it->second.segments == 0) private_pools_.erase(it);
 }
 
+// Note [capture reuse]: with graph_capture_record_stream_reuse, a block
+// freed during a capture while other streams still use it (record_stream)
+// need not wait for the capture's end. Its use streams' capture frontiers
+// at the free mark where their uses end in the graph; once every marked node
+// is an ancestor of (or is) a node of the block stream's own frontier, all
+// captured work that uses the block is ordered before anything captured next
+// on that stream, so the block returns to its pool for that stream.
+void caching_allocator::watch_capture_uses_locked(block* b) {
+  capture_free entry{b, {}};
+  std::vector<graph_node_handle> frontier;
+  for (stream_handle use : b->stream_uses) {
+    bool capturing = false;
+    // A use outside any capture cannot be located in the graph.
+    if (!backend_.capture_frontier(use, &capturing, &frontier) || !capturing) return;
+    entry.uses.insert(entry.uses.end(), frontier.begin(), frontier.end());
+  }
+  capture_frees_.push_back(std::move(entry));
+}
+
+void caching_allocator::reclaim_reachable_frees_locked(stream_handle stream, pool_id pool) {
+  std::vector<graph_node_handle> frontier;
+  bool capturing = false;
+  if (!backend_.capture_frontier(stream, &capturing, &frontier) || !capturing) return;
+  for (auto it = capture_frees_.begin(); it != capture_frees_.end();) {
+    block* b = it->b;
+    if (b->stream != stream || b->owner->pool != pool || !reaches_all_locked(frontier, it->uses)) {
+      ++it;
+      continue;
+    }
+    it = capture_frees_.erase(it);
+    deferred_frees_.erase(std::find(deferred_frees_.begin(), deferred_frees_.end(), b));
+    b->stream_uses.clear();
+    b->pending_events = 0;
+    return_to_pool_locked(b);
+  }
+}
+
+bool caching_allocator::reaches_all_locked(const std::vector<graph_node_handle>& from,
+                                           const std::vector<graph_node_handle>& targets) {
+  std::unordered_set<graph_node_handle> missing(targets.begin(), targets.end());
+  std::unordered_set<graph_node_handle> seen;
+  std::vector<graph_node_handle> todo(from.begin(), from.end());
+  std::vector<graph_node_handle> dependencies;
+  while (!todo.empty() && !missing.empty()) {
+    const graph_node_handle node = todo.back();
+    todo.pop_back();
+    if (!seen.insert(node).second) continue;
+    missing.erase(node);
+    if (!backend_.capture_dependencies(node, &dependencies)) return false;
+    todo.insert(todo.end(), dependencies.begin(), dependencies.end());
+  }
+  return missing.empty();
+}
+
 void caching_allocator::finish_deferred_frees_locked() {
+  capture_frees_.clear();
   std::vector<block*> deferred;
   deferred.swap(deferred_frees_);
   for (block* b : deferred) {

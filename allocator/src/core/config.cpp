@@ -271,6 +271,14 @@ constexpr key_handler k_handlers[] = {
      "growing (default True).",
      [](allocator_config& c, std::string_view v) { c.cross_stream_reuse = parse_bool("cross_stream_reuse", v); },
      [](const allocator_config& c) { return std::string(c.cross_stream_reuse ? "True" : "False"); }},
+    {"graph_capture_record_stream_reuse",
+     "PyTorch's key: True lets a block freed during a CUDA graph capture while other captured streams use it "
+     "(record_stream) be reused in the same capture once the graph orders those uses first, instead of after "
+     "the capture (default False).",
+     [](allocator_config& c, std::string_view v) {
+       c.graph_capture_record_stream_reuse = parse_bool("graph_capture_record_stream_reuse", v);
+     },
+     [](const allocator_config& c) { return std::string(c.graph_capture_record_stream_reuse ? "True" : "False"); }},
     {"memory_fraction", "Caps reserved memory at this fraction of device memory, 0 <= x <= 1 (default 1; 0 reserves nothing).",
      [](allocator_config& c, std::string_view v) {
        const double x = parse_real("memory_fraction", v, "in [0, 1]");
@@ -453,7 +461,8 @@ void allocator_config::check_run_time_update(const allocator_config& next) const
     if (same) return;
     throw usage_error(std::string("streamalloc: ") + field + " (STREAMALLOC_CONF key " + key +
                       ") cannot change at run time; only max_split_size_mb, max_non_split_rounding_mb, "
-                      "roundup_power2_divisions, garbage_collection_threshold and expandable_segments can");
+                      "roundup_power2_divisions, garbage_collection_threshold, expandable_segments and "
+                      "graph_capture_record_stream_reuse can");
   };
   keep(next.min_block_bytes == min_block_bytes, "min_block_bytes", "min_block_bytes");
   keep(next.small_request_bytes == small_request_bytes, "small_request_bytes", "small_size_kb");

@@ -143,6 +143,50 @@ status cuda_backend::stream_wait_event(stream_handle stream, event_handle event)
   return status::success();
 }
 
+status cuda_backend::capture_frontier(stream_handle stream, bool* capturing, std::vector<graph_node_handle>* frontier) {
+  if (capturing == nullptr || frontier == nullptr) return {status_code::invalid_argument, "capture_frontier needs outputs"};
+  cudaStreamCaptureStatus capture_status = cudaStreamCaptureStatusNone;
+  const cudaGraphNode_t* nodes = nullptr;
+  std::size_t count = 0;
+#if CUDART_VERSION >= 13000
+  const cudaError_t error =
+      cudaStreamGetCaptureInfo(to_stream(stream), &capture_status, nullptr, nullptr, &nodes, nullptr, &count);
+#else
+  const cudaError_t error = cudaStreamGetCaptureInfo(to_stream(stream), &capture_status, nullptr, nullptr, &nodes, &count);
+#endif
+  if (error != cudaSuccess) return failure(error, device_, "cudaStreamGetCaptureInfo");
+  *capturing = capture_status == cudaStreamCaptureStatusActive;
+  frontier->clear();
+  if (*capturing) {
+    for (std::size_t i = 0; i < count; ++i) frontier->push_back(reinterpret_cast<graph_node_handle>(nodes[i]));
+  }
+  return status::success();
+}
+
+status cuda_backend::capture_dependencies(graph_node_handle node, std::vector<graph_node_handle>* out) {
+  if (out == nullptr) return {status_code::invalid_argument, "capture_dependencies needs an output"};
+  const auto graph_node = reinterpret_cast<cudaGraphNode_t>(node);
+  std::size_t count = 0;
+#if CUDART_VERSION >= 13000
+  cudaError_t error = cudaGraphNodeGetDependencies(graph_node, nullptr, nullptr, &count);
+#else
+  cudaError_t error = cudaGraphNodeGetDependencies(graph_node, nullptr, &count);
+#endif
+  if (error != cudaSuccess) return failure(error, device_, "cudaGraphNodeGetDependencies");
+  std::vector<cudaGraphNode_t> nodes(count);
+  if (count != 0) {
+#if CUDART_VERSION >= 13000
+    error = cudaGraphNodeGetDependencies(graph_node, nodes.data(), nullptr, &count);
+#else
+    error = cudaGraphNodeGetDependencies(graph_node, nodes.data(), &count);
+#endif
+    if (error != cudaSuccess) return failure(error, device_, "cudaGraphNodeGetDependencies");
+  }
+  out->clear();
+  for (std::size_t i = 0; i < count; ++i) out->push_back(reinterpret_cast<graph_node_handle>(nodes[i]));
+  return status::success();
+}
+
 status cuda_backend::synchronize_device() {
   trace_range range(names().synchronize, 0);
   cuda_device_guard guard(device_);

@@ -24,6 +24,8 @@ class cuda_backend : public device_backend {
   status synchronize_event(event_handle event) override;
   status stream_wait_event(stream_handle stream, event_handle event) override;
   status synchronize_device() override;
+  status capture_frontier(stream_handle stream, bool* capturing, std::vector<graph_node_handle>* frontier) override;
+  status capture_dependencies(graph_node_handle node, std::vector<graph_node_handle>* out) override;
 
  protected:
   // Only make_cuda_backend constructs one (directly or as a vmm_backend):

@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "streamalloc/util/status.hpp"
 
@@ -15,6 +16,7 @@ namespace streamalloc {
 using stream_handle = std::uintptr_t;  // 0 is the device's default stream
 using event_handle = std::uintptr_t;
 using physical_handle = std::uint64_t;
+using graph_node_handle = std::uintptr_t;  // a node of a graph being captured
 
 struct device_memory_info {
   std::size_t free_bytes = 0;
@@ -43,6 +45,19 @@ class device_backend {
   virtual status stream_wait_event(stream_handle stream, event_handle event) = 0;
   // Blocks the host until all work on the device has finished.
   virtual status synchronize_device() = 0;
+
+  // --- Optional: the graph a stream is capturing (Note [capture reuse]) ---
+  // Sets *capturing to whether `stream` is capturing a CUDA graph and, if
+  // so, *frontier to the nodes the next work captured on it will depend on.
+  virtual status capture_frontier(stream_handle stream, bool* capturing, std::vector<graph_node_handle>* frontier) {
+    (void)stream, (void)capturing, (void)frontier;
+    return unsupported_capture();
+  }
+  // Sets *out to the nodes `node` depends on directly.
+  virtual status capture_dependencies(graph_node_handle node, std::vector<graph_node_handle>* out) {
+    (void)node, (void)out;
+    return unsupported_capture();
+  }
 
   // --- Optional virtual memory (see supports_virtual_memory) ---
   virtual bool supports_virtual_memory() const { return false; }
@@ -91,6 +106,9 @@ class device_backend {
 
  protected:
   static status unsupported() { return {status_code::not_supported, "virtual memory is not supported by this backend"}; }
+  static status unsupported_capture() {
+    return {status_code::not_supported, "graph capture queries are not supported by this backend"};
+  }
 };
 
 }  // namespace streamalloc

@@ -90,6 +90,21 @@ class sim_backend final : public device_backend {
   // overlaps the mapping (see touch()).
   status vm_unmap(void* address, std::size_t bytes) override;
   status vm_allow_peer(void* address, std::size_t bytes, int peer_device) override;
+  // The graph model below.
+  status capture_frontier(stream_handle stream, bool* capturing, std::vector<graph_node_handle>* frontier) override;
+  status capture_dependencies(graph_node_handle node, std::vector<graph_node_handle>* out) override;
+
+  // --- graph capture model: the nodes and edges CUDA would record ---
+  // `stream` starts capturing with an empty frontier.
+  void capture_begin(stream_handle stream);
+  // A kernel captured on `stream`: a node depending on its frontier, which
+  // becomes that node alone. Throws std::invalid_argument if not capturing.
+  graph_node_handle capture_work(stream_handle stream);
+  // `waiter` waits on an event recorded on the capturing `signaler`: it joins
+  // the capture if it was not in it, and its frontier gains `signaler`'s.
+  void capture_wait(stream_handle waiter, stream_handle signaler);
+  // Every stream stops capturing.
+  void capture_end();
 
   // --- test controls ---
   // A fresh stream handle (never 0, never reused).
@@ -213,6 +228,9 @@ class sim_backend final : public device_backend {
   std::size_t used_bytes_ = 0;
   std::map<std::uintptr_t, std::size_t> segments_;  // base -> bytes
   std::unordered_map<event_handle, event_state> events_;
+  std::map<stream_handle, std::vector<graph_node_handle>> capture_frontiers_;  // capturing streams
+  std::unordered_map<graph_node_handle, std::vector<graph_node_handle>> capture_nodes_;  // node -> dependencies
+  graph_node_handle next_node_ = 1;
   range_map ranges_;  // base -> range
   std::unordered_map<physical_handle, chunk_state> chunks_;
   std::set<std::pair<stream_handle, event_handle>> waits_;

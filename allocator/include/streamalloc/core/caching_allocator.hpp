@@ -296,6 +296,10 @@ class caching_allocator {
   template <typename self_type>
   static auto& pool_of(self_type& self, pool_id pool, bool small);
   pool_id route_capture(stream_handle stream);
+  // Note [capture reuse].
+  void watch_capture_uses_locked(block* b);
+  void reclaim_reachable_frees_locked(stream_handle stream, pool_id pool);
+  bool reaches_all_locked(const std::vector<graph_node_handle>& from, const std::vector<graph_node_handle>& targets);
   void finish_deferred_frees_locked();
   void set_fraction_locked(double fraction);
 
@@ -374,6 +378,15 @@ class caching_allocator {
   // Pending frees whose events wait for every capture to end (events
   // recorded during a capture would become part of the graph).
   std::vector<block*> deferred_frees_;
+  // Note [capture reuse]: of the deferred frees, those that may return to
+  // their pool during the capture, with the capture frontiers of their use
+  // streams at the free: reachable from the block stream's frontier, every
+  // captured use is ordered before new work on that stream.
+  struct capture_free {
+    block* b = nullptr;
+    std::vector<graph_node_handle> uses;
+  };
+  std::vector<capture_free> capture_frees_;
   // Pending frees whose event could not be recorded: they wait for a
   // successful device synchronization.
   std::vector<block*> awaiting_device_sync_;

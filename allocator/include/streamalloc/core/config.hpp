@@ -42,6 +42,10 @@ struct allocator_config {
   // Note [cross-stream reuse]: hand a free block cached for stream A to
   // stream B by making B wait on A's event, instead of growing.
   bool cross_stream_reuse = true;
+  // Note [capture reuse]: a block freed during a CUDA graph capture while
+  // other captured streams use it returns to its pool once the graph orders
+  // those uses before new work on its stream (torch's key of the same name).
+  bool graph_capture_record_stream_reuse = false;
   // Cap on reserved bytes as a fraction of device memory (1.0 = no cap).
   double memory_fraction = 1.0;
   // Free cached memory when reserved exceeds this fraction of the cap before
