@@ -1,6 +1,8 @@
 // Run-time allocator settings: see the header.
 #include "torch_settings.hpp"
 
+#include <pybind11/pybind11.h>
+
 #include <c10/core/AllocatorConfig.h>
 #include <c10/util/Exception.h>
 
@@ -46,6 +48,19 @@ std::vector<std::string> entries_of(const std::string& settings) {
   return out;
 }
 
+// torch's binding of _set_allocator_settings installs no handler that
+// turns a TORCH_WARN into a Python warning (it would only reach stderr), so
+// the warning is raised in Python directly: `warnings` filters and tests
+// see it.
+void warn(const std::string& message) {
+  if (!Py_IsInitialized()) {
+    TORCH_WARN(message);
+    return;
+  }
+  pybind11::gil_scoped_acquire gil;
+  if (PyErr_WarnEx(PyExc_UserWarning, message.c_str(), 1) != 0) throw pybind11::error_already_set();
+}
+
 bool is_shared(const std::string& key) {
   return std::any_of(std::begin(k_shared_keys), std::end(k_shared_keys), [&](const char* k) { return key == k; });
 }
@@ -65,9 +80,10 @@ void apply_torch_allocator_settings(const std::string& settings) {
     }
   }
   if (!ignored.empty()) {
-    TORCH_WARN("streamalloc ignores these allocator settings of torch's native CUDA allocator: ", ignored,
-               ". streamalloc applies ", "max_split_size_mb, max_non_split_rounding_mb, roundup_power2_divisions, ",
-               "garbage_collection_threshold, expandable_segments and graph_capture_record_stream_reuse; its own options are set with STREAMALLOC_CONF.");
+    warn("streamalloc ignores these allocator settings of torch's native CUDA allocator: " + ignored +
+         ". streamalloc applies max_split_size_mb, max_non_split_rounding_mb, roundup_power2_divisions, "
+         "garbage_collection_threshold, expandable_segments and graph_capture_record_stream_reuse; its own "
+         "options are set with STREAMALLOC_CONF.");
   }
   // Like torch, every call starts from the settings before any call: a key
   // it does not name returns to its value at installation.

@@ -40,18 +40,15 @@ optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
 inputs = [torch.randn(32, 64, device="cuda") for _ in range(8)]
 
 
-def train_step(x):
-    loss = model(x).square().mean()
-    loss.backward()
-    return loss
-
-
-compiled_train = torch.compile(train_step, mode="reduce-overhead")
+# The model's forward and the backward AOTAutograd derives from it run as
+# CUDA graphs; the loss and the optimizer run eagerly, as in a user's loop.
+compiled_model = torch.compile(model, mode="reduce-overhead")
 train_losses = []
 for x in inputs:
     # Each call is a new step whose outputs may overwrite the last step's.
     torch.compiler.cudagraph_mark_step_begin()
-    loss = compiled_train(x)
+    loss = compiled_model(x).square().mean()
+    loss.backward()
     train_losses.append(loss.item())
     optimizer.step()
     optimizer.zero_grad(set_to_none=False)
