@@ -650,12 +650,15 @@ void caching_allocator::watch_capture_uses_locked(block* b) {
 }
 
 void caching_allocator::reclaim_reachable_frees_locked(stream_handle stream, pool_id pool) {
+  const auto serves_here = [&](const capture_free& f) { return f.b->stream == stream && f.b->owner->pool == pool; };
+  // The graph is queried only when a waiting block could serve this request.
+  if (std::none_of(capture_frees_.begin(), capture_frees_.end(), serves_here)) return;
   std::vector<graph_node_handle> frontier;
   bool capturing = false;
   if (!backend_.capture_frontier(stream, &capturing, &frontier) || !capturing) return;
   for (auto it = capture_frees_.begin(); it != capture_frees_.end();) {
     block* b = it->b;
-    if (b->stream != stream || b->owner->pool != pool || !reaches_all_locked(frontier, it->uses)) {
+    if (!serves_here(*it) || !reaches_all_locked(frontier, it->uses)) {
       ++it;
       continue;
     }
