@@ -6,7 +6,7 @@
 # logged; a failed step does not stop the later ones; the exit status is
 # non-zero when any step failed.
 #
-#   scripts/gpu-check.sh [step...]     steps: env build unit gpu stage pip pytest sanitizer bench
+#   scripts/gpu-check.sh [step...]     steps: env build unit gpu stage pip venv pytest sanitizer bench
 #   scripts/gpu-check.sh --multi-gpu [step...]
 #
 # --multi-gpu (on a machine with 2+ GPUs, e.g. the lent nvidia-h200-x2) adds
@@ -41,10 +41,13 @@ build_dir="${BUILD_DIR:-$repo_root/build-gpu}"
 step_log_dir="$build_dir/logs"
 report_dir="${OUT:-$step_log_dir}"
 site_dir="$build_dir/pip-target"
-all_steps=(env build unit gpu stage pip pytest sanitizer bench)
+all_steps=(env build unit gpu stage pip venv pytest sanitizer bench)
 # `stage` lays the package out from the build step's outputs (no second
 # compile); `pip` builds and installs it the way users do. Either provides
 # the package the later steps import; by default both run, pip last.
+# `venv` is the user's path: `pip install .` with build isolation into a fresh
+# virtual environment that sees only torch (WHEEL_DIR: a folder of the build
+# requirements' wheels for a machine without network, see step_venv).
 
 step_env() {
   nvidia-smi
@@ -100,6 +103,37 @@ step_pip() {
     --config-settings=cmake.define.STREAMALLOC_TESTS=OFF \
     --config-settings=cmake.define.STREAMALLOC_BENCH=OFF \
     "$repo_root"
+}
+
+# A fresh virtual environment whose only package is the torch this machine
+# has (linked in by a .pth file, as a user's venv would hold it), a copy of
+# the tree without build outputs, and `pip install .` with build isolation:
+# pip fetches scikit-build-core, cmake and ninja itself. Without network,
+# WHEEL_DIR (default <repo>/.whl when it exists) is where pip finds them.
+step_venv() {
+  local venv="$build_dir/fresh-venv" src="$build_dir/fresh-src" torch_site venv_site
+  local wheel_dir="${WHEEL_DIR:-$repo_root/.whl}" index_args=()
+  rm -rf "$venv" "$src"
+  mkdir -p "$src"
+  tar -C "$repo_root" --exclude='./build*' --exclude=./.whl --exclude=./.pt_tests --exclude=./.git -cf - . |
+    tar -C "$src" -xf -
+  "$python_bin" -m venv "$venv"
+  torch_site=$("$python_bin" -c 'import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))')
+  venv_site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  echo "$torch_site" >"$venv_site/torch_site.pth"
+  if [[ -d $wheel_dir ]]; then index_args=(--no-index --find-links "$wheel_dir"); fi
+  CMAKE_BUILD_PARALLEL_LEVEL="$jobs" "$venv/bin/python" -m pip install "${index_args[@]}" "$src"
+  cd /
+  "$venv/bin/python" - <<'PY'
+import streamalloc, torch
+streamalloc.install()
+x = torch.ones(1 << 20, device="cuda")
+stats = torch.cuda.memory_stats()
+assert stats["allocated_bytes.all.current"] >= 4 << 20, stats["allocated_bytes.all.current"]
+assert streamalloc.is_installed()
+print("fresh venv: streamalloc", streamalloc.__version__, "from", streamalloc.__file__,
+      "allocated", stats["allocated_bytes.all.current"])
+PY
 }
 
 step_stage() {
@@ -195,6 +229,7 @@ steps_run unit step_unit
 steps_run gpu step_gpu
 steps_run stage step_stage
 steps_run pip step_pip
+steps_run venv step_venv
 steps_run pytest step_pytest
 steps_run sanitizer step_sanitizer
 if [[ -f "$repo_root/scripts/gpu-bench.sh" ]]; then
