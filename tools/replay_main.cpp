@@ -408,7 +408,9 @@ replay_device open_device(options* opts, std::vector<trace_file_event>& events) 
     sim_config sim;
     sim.capacity_bytes = opts->capacity_bytes;
     sim.events_complete_immediately = true;
-    device.backend = std::make_unique<sim_backend>(sim);
+    auto backend = std::make_unique<sim_backend>(sim);
+    remap_streams_to_sim(events, *backend);
+    device.backend = std::move(backend);
     return device;
   }
 #ifdef STREAMALLOC_HAVE_CUDA

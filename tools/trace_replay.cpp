@@ -100,6 +100,16 @@ replay_out_of_memory::replay_out_of_memory(const std::string& path, std::uint64_
       context_(cause.context()),
       line_(line) {}
 
+void remap_streams_to_sim(std::vector<trace_file_event>& events, sim_backend& device) {
+  std::unordered_map<std::uint64_t, stream_handle> streams;
+  for (trace_file_event& e : events) {
+    if (e.stream == 0) continue;
+    auto it = streams.find(e.stream);
+    if (it == streams.end()) it = streams.emplace(e.stream, device.new_stream()).first;
+    e.stream = it->second;
+  }
+}
+
 replay_result replay_trace(const std::vector<trace_file_event>& events, caching_allocator& allocator,
                            const std::string& path) {
   const trace_figures figures = examine_trace(events, path);

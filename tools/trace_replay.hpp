@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "streamalloc/backend/sim_backend.hpp"
 #include "streamalloc/core/caching_allocator.hpp"
 #include "streamalloc/util/errors.hpp"
 #include "trace_reader.hpp"
@@ -63,10 +64,18 @@ class replay_out_of_memory : public std::runtime_error {
   std::uint64_t line_;
 };
 
+// Trace streams on the simulated device: every nonzero stream handle of the
+// trace (a CUDA stream pointer in the recorded program) becomes a stream of
+// `device` (sim_backend::new_stream), 0 stays the default stream. Without
+// it the device would refuse events on those streams, and the replay would
+// lose cross-stream reuse and stitching from other streams' blocks.
+void remap_streams_to_sim(std::vector<trace_file_event>& events, sim_backend& device);
+
 // Replays `events` (read from `path`, named in errors) through `allocator`,
 // which should be fresh: its peak counters are reset first and its stats
-// are the measurement. `alloc` -> allocate(size, stream) with the raw stream
-// value as the stream handle; `free_completed` -> free; everything else is
+// are the measurement. `alloc` -> allocate(size, stream) with the event's
+// stream value as the stream handle (remapped to the device's streams
+// first: remap_streams_to_sim, or created CUDA streams on a GPU); `free_completed` -> free; everything else is
 // not replayed. Throws trace_error for a free of an address that is not live,
 // an alloc at an address that already is, or a trace with nothing to
 // measure (no alloc of more than 0 bytes), all before any allocator call;

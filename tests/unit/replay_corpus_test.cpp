@@ -26,20 +26,32 @@ constexpr std::size_t k_h200_bytes = 141'000'000'000;
 
 // The target for every trace: peak reserved / peak allocated at most this
 // on the simulated device, with one set of default settings (issue 16).
-// 1.0 is the floor; the traces of the corpus replay at 1.004-1.006 today.
+// 1.0 is the floor.
 constexpr double k_corpus_ratio_target = 1.02;
 // ... and the median over the corpus at most this.
 constexpr double k_corpus_median_target = 1.01;
 
-// Traces allowed above k_corpus_ratio_target, each with its own ceiling and
-// the reason. Empty: every trace meets the target. An entry is a known gap
-// in the policy, not a tuning knob; remove it when the policy closes it.
+// Traces allowed above k_corpus_ratio_target, each with its own ceiling (a
+// little above what it replays at, so a regression still fails) and the
+// reason. An entry is a known gap in the policy, not a tuning knob; remove
+// it when the policy closes it (issue 16).
 struct corpus_exception {
   const char* name;  // file name less .trace.csv[.gz]
   double ratio_limit;
   const char* reason;
 };
-constexpr std::array<corpus_exception, 0> k_corpus_exceptions{};
+constexpr std::array<corpus_exception, 7> k_corpus_exceptions{{
+    {"bert_serve", 1.19,
+     "serving at varying levels spends the repeat-stitch budget below its peak, then grows with idle chunks cached"},
+    {"inference_server", 1.26, "the same with three models on two streams"},
+    {"fsdp2_streams2", 1.14,
+     "stitching on several streams leaves free pieces smaller than a chunk next to its holes; no request fits them"},
+    {"fsdp2_streams4", 1.215, "the same with four streams"},
+    {"offload_activations", 1.035, "the same with three streams"},
+    {"hf_generate_dynamic", 1.045,
+     "a 0.6 GB workload whose free memory ends in pieces smaller than a 2 MiB chunk (KV caches grown by one token)"},
+    {"hf_generate_static", 1.045, "the same with static caches"},
+}};
 
 double ratio_limit_for(const std::string& name) {
   for (const corpus_exception& e : k_corpus_exceptions) {
@@ -77,11 +89,12 @@ TEST_CASE("every trace of the corpus replays within the reserved-memory target",
   for (const fs::path& path : traces) {
     const std::string name = corpus_name(path);
     INFO(name);
-    const std::vector<trace_file_event> events = load_trace(path.string());
+    std::vector<trace_file_event> events = load_trace(path.string());
     sim_config device;
     device.capacity_bytes = k_h200_bytes;
     device.events_complete_immediately = true;
     sim_backend backend(device);
+    remap_streams_to_sim(events, backend);
     caching_allocator allocator(backend, allocator_config{});
     const replay_result result = replay_trace(events, allocator, path.string());
     REQUIRE_NOTHROW(allocator.validate());

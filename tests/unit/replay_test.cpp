@@ -187,8 +187,9 @@ TEST_CASE("replaying the ResNet-50 trace with expandable segments stays within 1
 // stitching had to synchronize a stream.
 static replay_result replay_captured(const std::string& name) {
   const std::string path = STREAMALLOC_TEST_DATA_DIR "/traces/" + name;
-  const std::vector<trace_file_event> events = load_trace(path);
+  std::vector<trace_file_event> events = load_trace(path);
   sim_backend backend(sim_device(k_h200_bytes));
+  remap_streams_to_sim(events, backend);
   caching_allocator allocator(backend, allocator_config{});
   replay_result result = replay_trace(events, allocator, path);
   REQUIRE_NOTHROW(allocator.validate());
@@ -245,6 +246,30 @@ TEST_CASE("replay maps trace addresses to allocator pointers across streams", "[
   CHECK(result.native_peak_reserved_bytes == 20971520);
   REQUIRE_NOTHROW(allocator.validate());
   CHECK(allocator.stats().allocated_bytes[static_cast<int>(stat_type::all)].current == 0);
+}
+
+TEST_CASE("trace streams become the simulated device's streams, so blocks move between them", "[replay]") {
+  // Stream values as a recorded program has them: CUDA stream pointers the
+  // simulated device never made. A block freed on one is reused by the
+  // other through an event, not a second segment.
+  std::vector<trace_file_event> events = {
+      event(trace_file_action::alloc, 4096, 64u << 20, 2, 0x5581'0000'1000),
+      event(trace_file_action::free_completed, 4096, 64u << 20, 3, 0x5581'0000'1000),
+      event(trace_file_action::alloc, 4096, 64u << 20, 4, 0x5581'0000'2000),
+      event(trace_file_action::free_completed, 4096, 64u << 20, 5, 0x5581'0000'2000),
+      event(trace_file_action::alloc, 8192, 1024, 6),
+  };
+  sim_backend backend(sim_device(1_GiB));
+  remap_streams_to_sim(events, backend);
+  CHECK(events[0].stream == events[1].stream);
+  CHECK(events[2].stream != events[0].stream);
+  CHECK(events[2].stream != 0);
+  CHECK(events[4].stream == 0);
+  caching_allocator allocator(backend, allocator_config{});
+  const replay_result result = replay_trace(events, allocator, "two streams");
+  CHECK(allocator.stats().num_cross_stream_reuses == 1);
+  CHECK(result.peak_reserved_bytes < 2 * (64u << 20));
+  REQUIRE_NOTHROW(allocator.validate());
 }
 
 TEST_CASE("replay rejects inconsistent traces before touching the allocator", "[replay]") {
