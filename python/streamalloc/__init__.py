@@ -133,6 +133,17 @@ def _device_index(device) -> int:
     return torch.cuda.current_device() if device.index is None else device.index
 
 
+def _gpu_visible(torch) -> bool:
+    """Whether torch can see a CUDA GPU, asked of NVML where it answers:
+    torch.cuda.is_available() initialises the CUDA driver, after which a
+    forked child can no longer use CUDA, and with torch's own allocator a
+    program may fork before its first CUDA call."""
+    if not torch.backends.cuda.is_built():
+        return False
+    count = torch.cuda._device_count_nvml()  # negative when NVML cannot answer
+    return count > 0 if count >= 0 else torch.cuda.is_available()
+
+
 def install(**config: object) -> None:
     """Makes streamalloc torch's CUDA allocator for this process.
 
@@ -154,7 +165,7 @@ def install(**config: object) -> None:
     extension = _extension()
     import torch
 
-    if not torch.cuda.is_available():
+    if not _gpu_visible(torch):
         raise RuntimeError(
             "streamalloc.install(): torch sees no CUDA GPU (torch.cuda.is_available() is False); "
             "streamalloc only manages GPU memory"

@@ -50,3 +50,12 @@ def test_threads_allocate_and_backpropagate_concurrently(scripts):
     assert result["checks"] == result["threads"] * (60 + 60)
     assert result["allocated_after"] == result["allocated_before"]
     assert result["num_ooms"] == 0
+
+
+def test_fork_after_install_leaves_cuda_to_the_child(scripts):
+    # install() asks NVML, not the CUDA driver, whether a GPU is there.
+    result = scripts.run_ok("fork_after_install.py")
+    assert result["child_answer"] == 10.0, result["child_answer"]
+    assert result["child_exit"] == 0
+    assert result["installed"] is True
+    assert result["parent_can_use_cuda"] == 4.0

@@ -51,7 +51,10 @@ for x in inputs:
     loss.backward()
     train_losses.append(loss.item())
     optimizer.step()
-    optimizer.zero_grad(set_to_none=False)
+    # Gradients are outputs of the backward graph, overwritten by its next
+    # replay: set to None, the next backward gives fresh ones instead of
+    # accumulating into the old buffers.
+    optimizer.zero_grad(set_to_none=True)
 
 model.eval()
 compiled_infer = torch.compile(model, mode="reduce-overhead")
