@@ -7,10 +7,22 @@ each mode in its own process:
   tags       enable_tagging(); tag() scopes around forward+backward and
              the optimizer step: every allocation recorded
   attribute  tags, plus attribute(model): module hooks in forward and
-             backward on every submodule
-  sampled    attribute, with enable_tagging(sample_every=16): one small
-             allocation in 16 recorded (1 MiB and larger always)
-  watch      attribute and sampling, plus watch(steps=5).step() per step
+             backward on every submodule, every step
+  sampled    tags, with enable_tagging(sample_every=16): one small
+             allocation in 16 recorded (1 MiB and larger always), and
+             attribute(model, sample_passes=16): module hooks in one step
+             in 16, only a pass counter on the model in the others
+  watch      sampled, plus watch(steps=5).step() per step
+
+Why sample_passes=16: a hooked step costs about what "attribute" adds to
+a step (2-13% in bench/RESULTS.md's runs); spread over 16 steps that is
+under 1%, which leaves most of the 2% budget to recording allocations,
+and the module breakdown still refreshes every 16 steps (under a second
+here). With the default --steps and --step-warmup, each timed window of
+20 steps holds one sampled pass (passes 0, 16 and 32: the first step, a
+synchronized one and a back-to-back one): the back-to-back mean counts
+it at 1/20 instead of 1/16, the median leaves it out. The JSON records
+the passes and how many were sampled.
 
     python bench/diagnosis_bench.py [--json FILE] [--modes off,tags,...]
 
@@ -46,10 +58,12 @@ def worker(mode, out_path, args):
     tokens = torch.randint(0, model.config.vocab_size, (args.batch, args.seq_len + 1), device="cuda")
     idx, targets = tokens[:, :-1], tokens[:, 1:]
     leak_watch = None
+    attribution = None
+    sampled = mode in ("sampled", "watch")
     if mode != "off":
-        streamalloc.enable_tagging(sample_every=16 if mode in ("sampled", "watch") else 1)
+        streamalloc.enable_tagging(sample_every=16 if sampled else 1)
     if mode in ("attribute", "sampled", "watch"):
-        streamalloc.attribute(model)
+        attribution = streamalloc.attribute(model, sample_passes=16 if sampled else 1)
     if mode == "watch":
         leak_watch = streamalloc.watch(steps=5, warn=False)
     scoped = mode != "off"
@@ -83,6 +97,8 @@ def worker(mode, out_path, args):
               "batch": args.batch, "seq_len": args.seq_len, "allocations_per_step": allocations_per_step, **timing}
     if leak_watch is not None:
         result["leak_findings"] = [f.as_dict() for f in leak_watch.findings]
+    if sampled:
+        result.update(passes=attribution.passes, sampled_passes=attribution.sampled_passes)
     log(f"diagnosis mode {mode}: median {timing['ms_per_step']['median']:.2f} ms per step")
     with open(out_path, "w") as f:
         json.dump(result, f, indent=1)

@@ -150,15 +150,63 @@ def tag(name: str, inherit: bool = True) -> _TagScope:
 
 class _Attribution:
     """The hooks attribute() installed; remove() takes them out (also on
-    leaving a `with` block)."""
+    leaving a `with` block). With sample_passes > 1, `passes` counts the
+    calls of the model and `sampled_passes` those attributed."""
 
-    def __init__(self):
+    def __init__(self, module_hooks: List[tuple], sample_passes: int):
         self._handles: List[Any] = []
+        self._pass_handles: List[Any] = []  # the submodules' hooks of the sampled pass running now
+        self._every = sample_passes
+        self._sampling_thread: Optional[int] = None
+        self._depth = 0  # calls of the model running inside the sampled pass
+        self.passes = 0
+        self.sampled_passes = 0
+        if sample_passes == 1:
+            for module, pre_hook, post_hook in module_hooks:
+                self._handles += _register(module, pre_hook, post_hook)
+            return
+        (model, self._root_pre_hook, self._root_post_hook), *self._submodule_hooks = module_hooks
+        self._handles.append(model.register_forward_pre_hook(self._start_pass, with_kwargs=True))
+        self._handles.append(model.register_forward_hook(self._end_pass, with_kwargs=True, always_call=True))
+
+    def _start_pass(self, model, args, kwargs):
+        if self._sampling_thread == threading.get_ident():
+            self._depth += 1  # the model called again inside its own sampled pass
+        else:
+            self.passes += 1
+            if self._sampling_thread is not None or (self.passes - 1) % self._every:
+                return None
+            self.sampled_passes += 1
+            self._sampling_thread = threading.get_ident()
+            self._depth = 1
+            for module, pre_hook, post_hook in self._submodule_hooks:
+                self._pass_handles += _register(module, pre_hook, post_hook)
+        # This call read the model's pre-hooks before this one ran: the
+        # model's own attribution hook is called here.
+        self._root_pre_hook(model, args, kwargs)
+        return None
+
+    def _end_pass(self, model, args, kwargs, output):
+        if self._sampling_thread != threading.get_ident():
+            return None
+        self._root_post_hook(model, args, kwargs, output)
+        self._depth -= 1
+        if not self._depth:
+            # Backward needs no module hook: the autograd nodes carry its hooks.
+            self._remove_pass_hooks()
+        return None
+
+    def _remove_pass_hooks(self) -> None:
+        for handle in self._pass_handles:
+            handle.remove()
+        self._pass_handles.clear()
+        self._sampling_thread = None
 
     def remove(self) -> None:
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
+        self._remove_pass_hooks()
 
     def __enter__(self):
         return self
@@ -166,6 +214,11 @@ class _Attribution:
     def __exit__(self, *exc_info):
         self.remove()
         return False
+
+
+def _register(module, pre_hook, post_hook) -> List[Any]:
+    return [module.register_forward_pre_hook(pre_hook, with_kwargs=True),
+            module.register_forward_hook(post_hook, with_kwargs=True, always_call=True)]
 
 
 _attribution_state = threading.local()
@@ -231,13 +284,23 @@ def _tensors(value, depth: int = 0):
                 yield from _tensors(item, depth + 1)
 
 
-def attribute(model, prefix: Optional[str] = None) -> _Attribution:
+def attribute(model, prefix: Optional[str] = None, sample_passes: int = 1) -> _Attribution:
     """Tags what every submodule of `model` allocates with its qualified
     name ("blocks.3.mlp", as in model.named_modules(); the model itself
     with its class name), in the forward pass and in the backward pass.
     `prefix` ("student") is put in front of every name, to tell two models
     apart. Turns tagging on if it is off. Returns a handle: .remove() (or
     leaving a `with` block) takes the hooks out.
+
+    sample_passes=N > 1 attributes one pass in N: the first, then every
+    N-th (a pass is one call of `model` and the backward of its result).
+    The other passes run no per-module hook, only a counter on the model,
+    and what they allocate is recorded under the thread's current tag (the
+    enclosing tag() scope, else "untagged"), so report() still sums to
+    memory_allocated() without allocation sampling. Module names then hold
+    what sampled passes allocated and is still alive: the breakdown by
+    module of the last sampled pass, not of the pass running now; a leak
+    grows under the outer tag (Note [sampled passes] in docs/diagnosis.md).
 
     Forward: a pre-hook sets the module's tag and a post-hook puts back the
     one before. Backward (Note [backward attribution] in docs/diagnosis.md):
@@ -250,9 +313,10 @@ def attribute(model, prefix: Optional[str] = None) -> _Attribution:
     ReLU(inplace=True) after a BatchNorm) then fails."""
     import torch
 
+    if not isinstance(sample_passes, int) or sample_passes < 1:
+        raise ValueError(f"sample_passes must be a positive integer, got {sample_passes!r}")
     extension = _ext()
     _ensure_tagging(extension)
-    handles = _Attribution()
     names: Dict[int, str] = {}
     for name, module in model.named_modules():
         names.setdefault(id(module), name)
@@ -273,6 +337,7 @@ def attribute(model, prefix: Optional[str] = None) -> _Attribution:
                 return name
         return None
 
+    module_hooks = []  # (module, pre-hook, post-hook), the model first
     for module in model.modules():
         name = names[id(module)]
         tag_id = _tag_id(full_name(name))
@@ -329,9 +394,8 @@ def attribute(model, prefix: Optional[str] = None) -> _Attribution:
                 state.claimed_inputs.clear()
             return None
 
-        handles._handles.append(module.register_forward_pre_hook(pre_hook, with_kwargs=True))
-        handles._handles.append(module.register_forward_hook(post_hook, with_kwargs=True, always_call=True))
-    return handles
+        module_hooks.append((module, pre_hook, post_hook))
+    return _Attribution(module_hooks, sample_passes)
 
 
 # --------------------------------------------------------------------------

@@ -26,6 +26,7 @@ class fake_extension:
         self.local = threading.local()
         self.inherited = 0
         self.options = None
+        self.set_calls = 0
 
     def tagging_options(self):
         return self.options
@@ -42,6 +43,7 @@ class fake_extension:
         return getattr(self.local, "tag", 0)
 
     def set_thread_tag(self, tag_id):
+        self.set_calls += 1
         previous = self.thread_tag()
         self.local.tag = tag_id
         return previous
@@ -186,3 +188,168 @@ def test_a_forward_that_raises_restores_the_tag(extension):
         with pytest.raises(RuntimeError):
             model(torch.randn(1, 2))
         assert extension.current() == "outside"
+
+
+# ---------------------------------------------------------------- sample_passes
+
+MODULES = {"embed", "layers.0", "layers.2", "head"}
+
+
+def _submodule_hooks(model):
+    return sum(len(m._forward_pre_hooks) + len(m._forward_hooks) for m in model.modules() if m is not model)
+
+
+def _thread_state_is_clear():
+    state = diagnosis._thread_state()
+    return not state.stack and not state.claimed_inputs and not state.claimed_outputs
+
+
+def test_sample_passes_hooks_modules_in_one_pass_in_n(extension):
+    torch.manual_seed(0)
+    model = mlp()
+    handle = streamalloc.attribute(model, sample_passes=3)
+    assert _submodule_hooks(model) == 0
+    assert (len(model._forward_pre_hooks), len(model._forward_hooks)) == (1, 1)  # the pass counter
+    x, target = torch.randn(5, 8), torch.tensor([0, 1, 2, 3, 0])
+    hooked = []  # per submodule call: whether it had a hook of its own
+    with nn.modules.module.register_module_forward_pre_hook(
+            lambda module, _args: hooked.append(bool(module._forward_pre_hooks)) if module is not model else None):
+        for i in range(7):
+            hooked.clear()
+            set_calls = extension.set_calls
+            with tag_log(extension) as forward:
+                loss = nn.functional.cross_entropy(model(x), target)
+            with tag_log(extension) as backward:
+                loss.backward()
+            model.zero_grad(set_to_none=True)
+            if i % 3 == 0:
+                assert set(hooked) == {True}, i
+                assert _tags_of(forward.ops, "addmm") == MODULES, i
+                assert _tags_of(backward.ops, "mm") == MODULES, i
+            else:
+                # No hook but the counter: no tag change, all under the thread's tag.
+                assert set(hooked) == {False}, i
+                assert extension.set_calls == set_calls, i
+                assert {tag for _, tag in forward.ops + backward.ops} == {"untagged"}, i
+            assert _tags_of(backward.ops, "nll_loss_backward") == {"untagged"}, i
+            assert _submodule_hooks(model) == 0, i
+            assert extension.thread_tag() == 0 and _thread_state_is_clear(), i
+    assert (handle.passes, handle.sampled_passes) == (7, 3)
+
+
+@pytest.mark.parametrize("no_backward", [torch.no_grad, torch.inference_mode])
+def test_a_sampled_pass_without_backward_cleans_up(extension, no_backward):
+    torch.manual_seed(0)
+    model = mlp()
+    handle = streamalloc.attribute(model, sample_passes=2)
+    x = torch.randn(5, 8)
+    with no_backward():
+        with tag_log(extension) as inference:
+            model(x)
+    # Inference mode runs linear undecomposed.
+    assert _tags_of(inference.ops, "addmm") | _tags_of(inference.ops, "linear") == MODULES
+    assert _submodule_hooks(model) == 0
+    assert extension.thread_tag() == 0 and _thread_state_is_clear()
+    model(x)
+    # A sampled pass whose output is dropped: its node hooks go with the graph.
+    model(x).sum()
+    assert _submodule_hooks(model) == 0 and _thread_state_is_clear()
+    model(x)
+    with tag_log(extension) as forward:
+        out = model(x)
+    with tag_log(extension) as backward:
+        out.sum().backward()
+    assert _tags_of(forward.ops, "addmm") == MODULES
+    assert _tags_of(backward.ops, "mm") == MODULES
+    assert extension.thread_tag() == 0
+    assert (handle.passes, handle.sampled_passes) == (5, 3)
+
+
+def test_a_sampled_pass_backward_after_later_passes(extension):
+    """Gradient accumulation: the sampled pass's backward runs after the
+    next (unsampled) forward and is still attributed; that pass's is not."""
+    torch.manual_seed(0)
+    model = mlp()
+    streamalloc.attribute(model, sample_passes=2)
+    sampled, unsampled = model(torch.randn(5, 8)), model(torch.randn(5, 8))
+    with tag_log(extension) as first:
+        sampled.sum().backward()
+    with tag_log(extension) as second:
+        unsampled.sum().backward()
+    assert _tags_of(first.ops, "mm") == MODULES
+    assert {tag for _, tag in second.ops} == {"untagged"}
+
+
+def test_a_sampled_pass_that_raises_removes_its_hooks(extension):
+    class broken(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = nn.Linear(2, 2)
+
+        def forward(self, x):
+            self.inner(x)
+            raise RuntimeError("boom")
+
+    model = broken()
+    handle = streamalloc.attribute(model, sample_passes=2)
+    with streamalloc.tag("outside"):
+        for _ in range(3):
+            with pytest.raises(RuntimeError):
+                model(torch.randn(1, 2))
+            assert extension.current() == "outside"
+            assert _submodule_hooks(model) == 0 and _thread_state_is_clear()
+    assert (handle.passes, handle.sampled_passes) == (3, 2)
+
+
+def test_the_model_called_inside_its_own_sampled_pass(extension):
+    class recursive(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = nn.Linear(4, 4)
+
+        def forward(self, x, again=True):
+            h = self.inner(x)
+            return self(h, again=False) + 1 if again else h
+
+    model = recursive()
+    handle = streamalloc.attribute(model, sample_passes=2)
+    with tag_log(extension) as forward:
+        model(torch.randn(3, 4)).sum().backward()
+    # Both calls of `inner` keep their hooks until the outer call returns.
+    assert [tag for op, tag in forward.ops if op == "addmm"] == ["inner", "inner"]
+    assert _tags_of(forward.ops, "add") == {"recursive"}
+    assert handle.sampled_passes == 1 and _submodule_hooks(model) == 0
+    assert extension.thread_tag() == 0 and _thread_state_is_clear()
+
+
+def test_remove_takes_out_the_pass_counter_too(extension):
+    model = mlp()
+    handle = streamalloc.attribute(model, sample_passes=4)
+    model(torch.randn(5, 8))
+    handle.remove()
+    assert all(not m._forward_pre_hooks and not m._forward_hooks for m in model.modules())
+    with tag_log(extension) as after:
+        model(torch.randn(5, 8))
+    assert {tag for _, tag in after.ops} == {"untagged"}
+    assert handle.passes == 1
+
+    # Removed inside a sampled pass, the hooks of that pass go too (in a
+    # thread of its own: the pass never ends, and leaves its tag there).
+    handle = streamalloc.attribute(model, sample_passes=4)
+    norm = model.norm.forward
+
+    def remove_then_norm(h):
+        handle.remove()
+        return norm(h)
+
+    model.norm.forward = remove_then_norm
+    thread = threading.Thread(target=model, args=(torch.randn(5, 8),))
+    thread.start()
+    thread.join()
+    assert all(not m._forward_pre_hooks and not m._forward_hooks for m in model.modules())
+
+
+@pytest.mark.parametrize("bad", [0, -3, 2.5])
+def test_sample_passes_must_be_a_positive_integer(extension, bad):
+    with pytest.raises(ValueError, match="sample_passes"):
+        streamalloc.attribute(mlp(), sample_passes=bad)

@@ -1,8 +1,9 @@
 """Diagnosis on a GPU, each case in a fresh process (scripts/diagnosis.py):
 attribution sums against torch.cuda.memory_allocated(), tags of forward,
-backward, optimizer and user scopes, leak watch on a leaking and a steady
-model (and steady real workloads), the out-of-memory message and
-last_oom_report(), and max_batch_size on an MLP, a CNN and a transformer."""
+backward, optimizer and user scopes, attribution of one pass in N, leak
+watch on a leaking and a steady model (and steady real workloads), the
+out-of-memory message and last_oom_report(), and max_batch_size on an
+MLP, a CNN and a transformer."""
 
 import re
 
@@ -53,6 +54,24 @@ def test_sampling_estimates_and_disabling(attribution):
     estimate, actual = attribution["sampled_estimate"], attribution["sampled_allocated"]
     assert abs(estimate - actual) <= 0.1 * actual
     assert attribution["disabled_report_tagging"] is False
+
+
+def test_sample_passes_attributes_one_pass_in_n_and_hooks_no_other(scripts):
+    run = scripts.run_ok("diagnosis.py", "sampled_attribution")
+    every, passes = run["every"], run["passes"]
+    assert (run["handle_passes"], run["handle_sampled_passes"]) == (len(passes), 3)
+    for i, p in enumerate(passes):
+        # Every allocation is recorded, sampled pass or not.
+        assert p["report_sum"] == p["memory_allocated"] and p["before_tagging"] == 0, i
+        assert p["submodule_hooks"] == 0, i  # the sampled pass took its hooks out
+        if i % every == 0:
+            assert {"embed", "layers.0.0", "layers.2.2", "norm", "head"} <= set(p["forward_module_tags"]), i
+            assert p["grad_bytes_tagged_with_owner"] >= 0.9 * p["grad_bytes"], i
+            assert p["tag_changes"] > 0, i
+        else:
+            assert p["forward_module_tags"] == [], i
+            assert p["grad_tags"] == ["untagged"], i
+            assert p["tag_changes"] == 0, i  # no module hook ran, forward or backward
 
 
 @pytest.fixture(scope="module")

@@ -3,6 +3,8 @@
   attribution          tags of forward, backward, optimizer and user scopes;
                        report() sums against memory_allocated(); snapshot tags;
                        sampling; an in-place ReLU after BatchNorm under attribute()
+  sampled_attribution  attribute(sample_passes=4) over 9 training steps: module
+                       tags and hook calls in each pass
   leak MODEL [history] watch() over a model that keeps (leaky) or drops
                        (steady) each step's activations; with "history", also
                        the call sites of torch's memory history
@@ -221,6 +223,70 @@ def attribution():
     result["checks"] = checks
 
 
+def sampled_attribution():
+    streamalloc.enable_tagging()
+    real = streamalloc._extension()
+
+    class counting_extension:
+        """streamalloc._C, counting the tag changes of attribute()'s hooks."""
+
+        tag_changes = 0
+
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        def set_thread_tag(self, tag_id):
+            self.tag_changes += 1  # also from autograd's thread
+            return real.set_thread_tag(tag_id)
+
+    every = 4
+    model = mlp().cuda()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    module_names = {name for name, _ in model.named_modules() if name} | {"mlp"}
+    counting = counting_extension()
+    extension = streamalloc._extension
+    streamalloc._extension = lambda: counting  # the hooks keep the extension attribute() found
+    try:
+        handle = streamalloc.attribute(model, sample_passes=every)
+    finally:
+        streamalloc._extension = extension
+    x = torch.randn(64, 1024, device="cuda")
+    y = torch.randint(0, 10, (64,), device="cuda")
+    passes = []
+    for _ in range(2 * every + 1):
+        optimizer.zero_grad(set_to_none=True)
+        tag_changes = counting.tag_changes
+        before = by_tag(streamalloc.report(print_report=False))
+        out = model(x)  # kept: the graph does not keep the head's output
+        loss = nn.functional.cross_entropy(out, y)
+        after = by_tag(streamalloc.report(print_report=False))
+        loss.backward()
+        del out, loss
+        tags = block_tags()
+        grads = {p.grad.data_ptr(): (name.rpartition(".")[0] or "mlp", p.grad.numel() * p.grad.element_size())
+                 for name, p in model.named_parameters()}
+        with streamalloc.tag("optimizer"):
+            optimizer.step()
+        data = streamalloc.report(print_report=False)
+        passes.append({
+            # Growth, not presence: cuBLAS keeps the workspace of its first call under that call's tag.
+            "forward_module_tags": sorted(t for t in module_names if after.get(t, 0) > before.get(t, 0)),
+            "grad_bytes_tagged_with_owner": sum(size for ptr, (owner, size) in grads.items() if tags.get(ptr) == owner),
+            "grad_bytes": sum(size for _, size in grads.values()),
+            "grad_tags": sorted({tags.get(ptr) for ptr in grads}),
+            "tag_changes": counting.tag_changes - tag_changes,
+            "submodule_hooks": sum(len(m._forward_pre_hooks) + len(m._forward_hooks)
+                                   for m in model.modules() if m is not model),
+            "report_sum": sum(by_tag(data).values()),
+            "memory_allocated": torch.cuda.memory_allocated(),
+            "before_tagging": by_tag(data).get("before_tagging", 0),
+        })
+    result["every"] = every
+    result["passes"] = passes
+    result["handle_passes"] = handle.passes
+    result["handle_sampled_passes"] = handle.sampled_passes
+
+
 # ---------------------------------------------------------------- leaks
 
 
@@ -422,6 +488,8 @@ def max_batch(kind):
 
 if case == "attribution":
     attribution()
+elif case == "sampled_attribution":
+    sampled_attribution()
 elif case == "leak":
     leak(sys.argv[2], len(sys.argv) > 3 and sys.argv[3] == "history")
 elif case == "steady_workloads":
