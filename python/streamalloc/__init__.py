@@ -167,7 +167,7 @@ def install(**config: object) -> None:
 
     if not _gpu_visible(torch):
         raise RuntimeError(
-            "streamalloc.install(): torch sees no CUDA GPU (torch.cuda.is_available() is False); "
+            "streamalloc.install(): torch sees no CUDA GPU (none visible to NVML or to the CUDA driver); "
             "streamalloc only manages GPU memory"
         )
     extension.install(_to_conf_string(config))
