@@ -15,10 +15,10 @@ each mode in its own process:
   watch      sampled, plus watch(steps=5).step() per step
 
 Why sample_passes=16: a hooked step costs about what "attribute" adds to
-a step (2-13% in bench/RESULTS.md's runs); spread over 16 steps that is
-under 1%, which leaves most of the 2% budget to recording allocations,
-and the module breakdown still refreshes every 16 steps (under a second
-here). With the default --steps and --step-warmup, each timed window of
+a step (2-26% in bench/RESULTS.md's runs); spread over 16 steps that is
+at most 1.6%, within the 2% budget together with recording allocations
+(which cost nothing measurable in those runs), and the module breakdown
+still refreshes every 16 steps (under a second here). With the default --steps and --step-warmup, each timed window of
 20 steps holds one sampled pass (passes 0, 16 and 32: the first step, a
 synchronized one and a back-to-back one): the back-to-back mean counts
 it at 1/20 instead of 1/16, the median leaves it out. The JSON records
