@@ -172,17 +172,20 @@ def test_inplace_relu_after_batchnorm_still_trains(extension):
     assert extension.thread_tag() == 0
 
 
+class RaisingModel(nn.Module):
+    """Runs a submodule, then raises: hooks and tags must be put back."""
+
+    def __init__(self):
+        super().__init__()
+        self.inner = nn.Linear(2, 2)
+
+    def forward(self, x):
+        self.inner(x)
+        raise RuntimeError("boom")
+
+
 def test_a_forward_that_raises_restores_the_tag(extension):
-    class broken(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.inner = nn.Linear(2, 2)
-
-        def forward(self, x):
-            self.inner(x)
-            raise RuntimeError("boom")
-
-    model = broken()
+    model = RaisingModel()
     streamalloc.attribute(model)
     with streamalloc.tag("outside"):
         with pytest.raises(RuntimeError):
@@ -281,16 +284,7 @@ def test_a_sampled_pass_backward_after_later_passes(extension):
 
 
 def test_a_sampled_pass_that_raises_removes_its_hooks(extension):
-    class broken(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.inner = nn.Linear(2, 2)
-
-        def forward(self, x):
-            self.inner(x)
-            raise RuntimeError("boom")
-
-    model = broken()
+    model = RaisingModel()
     handle = streamalloc.attribute(model, sample_passes=2)
     with streamalloc.tag("outside"):
         for _ in range(3):
