@@ -555,7 +555,7 @@ status sim_backend::vm_allow_peer(void* address, std::size_t bytes, int peer_dev
   return status::success();
 }
 
-// --- test controls ---
+// --- graph capture queries and their model ---
 
 status sim_backend::capture_frontier(stream_handle stream, bool* capturing, std::vector<graph_node_handle>* frontier) {
   if (capturing == nullptr || frontier == nullptr) return {status_code::invalid_argument, "capture_frontier needs outputs"};
@@ -607,6 +607,8 @@ void sim_backend::capture_end() {
   capture_frontiers_.clear();
   capture_nodes_.clear();
 }
+
+// --- test controls ---
 
 stream_handle sim_backend::new_stream() {
   std::lock_guard<std::mutex> lock(mutex_);
