@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <iterator>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -61,6 +62,17 @@ void warn(const std::string& message) {
   if (PyErr_WarnEx(PyExc_UserWarning, message.c_str(), 1) != 0) throw pybind11::error_already_set();
 }
 
+// "a, b and c": the shared keys as the warning names them.
+std::string shared_key_list() {
+  const std::size_t n = std::size(k_shared_keys);
+  std::string out;
+  for (std::size_t i = 0; i < n; ++i) {
+    if (i > 0) out += i + 1 == n ? " and " : ", ";
+    out += k_shared_keys[i];
+  }
+  return out;
+}
+
 bool is_shared(const std::string& key) {
   return std::any_of(std::begin(k_shared_keys), std::end(k_shared_keys), [&](const char* k) { return key == k; });
 }
@@ -81,9 +93,7 @@ void apply_torch_allocator_settings(const std::string& settings) {
   }
   if (!ignored.empty()) {
     warn("streamalloc ignores these allocator settings of torch's native CUDA allocator: " + ignored +
-         ". streamalloc applies max_split_size_mb, max_non_split_rounding_mb, roundup_power2_divisions, "
-         "garbage_collection_threshold, expandable_segments and graph_capture_record_stream_reuse; its own "
-         "options are set with STREAMALLOC_CONF.");
+         ". streamalloc applies " + shared_key_list() + "; its own options are set with STREAMALLOC_CONF.");
   }
   // Like torch, every call starts from the settings before any call: a key
   // it does not name returns to its value at installation.

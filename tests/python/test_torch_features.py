@@ -132,7 +132,11 @@ def test_settings_at_run_time(torch_api):
     # reporting the one it started with (-1, unlimited).
     assert ours["max_split_size"] == 64 * MiB
     assert ours["rounded_bytes"] == native["rounded_bytes"]
-    assert any("release_lock_on_cudamalloc" in w for w in ours["ignored_key_warnings"])
+    warning = next(w for w in ours["ignored_key_warnings"] if "release_lock_on_cudamalloc" in w)
+    # The warning names every key streamalloc does apply.
+    for key in ("max_split_size_mb", "max_non_split_rounding_mb", "roundup_power2_divisions",
+                "garbage_collection_threshold", "expandable_segments", "graph_capture_record_stream_reuse"):
+        assert key in warning, key
 
 
 def test_torch_errors_keep_their_python_types(torch_api):
