@@ -139,9 +139,10 @@ def training_step(model, optimizer, idx, targets):
     return loss
 
 
-def make_training(device="cuda", seed=0):
-    """A fresh GPT-2-small model and its AdamW optimizer on `device`."""
+def make_training(device="cuda", seed=0, config=None):
+    """A fresh model (GPT-2 small unless `config` says otherwise) and its
+    AdamW optimizer on `device`."""
     torch.manual_seed(seed)
-    model = gpt2().to(device)
+    model = gpt2(config).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1)
     return model, optimizer
