@@ -247,6 +247,7 @@ void json_members(json_writer& w, const replay_result& r) {
   w.key("chunk_unmaps").value(static_cast<long long>(r.chunk_unmaps));
   w.key("stitched_blocks").value(static_cast<long long>(r.stitched_blocks));
   w.key("stitch_syncs").value(static_cast<long long>(r.stitch_syncs));
+  w.key("cross_stream_reuses").value(static_cast<long long>(r.cross_stream_reuses));
   w.key("native_segments").value(r.native_segments);
   w.key("native_segment_allocs").value(r.native_segment_allocs);
   w.key("native_segment_maps").value(r.native_segment_maps);

@@ -161,6 +161,7 @@ replay_result replay_trace(const std::vector<trace_file_event>& events, caching_
   result.chunk_unmaps = stats.num_chunk_unmaps - before.num_chunk_unmaps;
   result.stitched_blocks = stats.num_stitched_blocks - before.num_stitched_blocks;
   result.stitch_syncs = stats.num_stitch_syncs - before.num_stitch_syncs;
+  result.cross_stream_reuses = stats.num_cross_stream_reuses - before.num_cross_stream_reuses;
   result.total_ns = static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(elapsed).count());
   result.ns_per_op = result.ops == 0 ? 0.0 : static_cast<double>(result.total_ns) / static_cast<double>(result.ops);
   result.native_segment_allocs = figures.native_segment_allocs;

@@ -38,6 +38,8 @@ struct replay_result {
   std::int64_t chunk_unmaps = 0;
   std::int64_t stitched_blocks = 0;
   std::int64_t stitch_syncs = 0;
+  // Free blocks handed from one stream to another (Note [cross-stream reuse]).
+  std::int64_t cross_stream_reuses = 0;
 
   // Wall time of the allocate/free loop, parsing excluded.
   std::uint64_t total_ns = 0;

@@ -267,7 +267,7 @@ TEST_CASE("trace streams become the simulated device's streams, so blocks move b
   CHECK(events[4].stream == 0);
   caching_allocator allocator(backend, allocator_config{});
   const replay_result result = replay_trace(events, allocator, "two streams");
-  CHECK(allocator.stats().num_cross_stream_reuses == 1);
+  CHECK(result.cross_stream_reuses == 1);
   CHECK(result.peak_reserved_bytes < 2 * (64u << 20));
   REQUIRE_NOTHROW(allocator.validate());
 }
@@ -335,7 +335,7 @@ TEST_CASE("streamalloc-replay --json reports the ResNet-50 trace", "[replay][too
   REQUIRE(run.exit_code == 0);
   for (const char* key : {"trace", "backend", "capacity_bytes", "peak_allocated_bytes", "peak_reserved_bytes",
                           "frag_ratio", "ops", "ns_per_op", "segments", "native_peak_reserved_bytes",
-                          "native_frag_ratio"}) {
+                          "native_frag_ratio", "cross_stream_reuses"}) {
     INFO(key);
     CHECK(json_value(run.output, key) != "<missing>");
   }

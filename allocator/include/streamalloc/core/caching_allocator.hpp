@@ -2,6 +2,7 @@
 // Policy summary is at the top of allocator/src/core/caching_allocator.cpp.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <condition_variable>
 #include <cstddef>
@@ -241,10 +242,18 @@ class caching_allocator {
 
   void* allocate_locked(std::size_t bytes, stream_handle stream, pool_id pool);
   block* find_free_block_locked(free_block_set& pool, std::size_t rounded, stream_handle stream);
-  block* borrow_from_other_stream_locked(free_block_set& pool, std::size_t rounded, stream_handle stream);
+  // Note [cross-stream reuse]: the best fit among other streams' cached
+  // blocks; handing `b` to `stream` through an event (false when the device
+  // refuses), remembered for Note [ping-pong hand-offs].
+  block* find_other_stream_block_locked(free_block_set& pool, std::size_t rounded, stream_handle stream);
+  bool hand_off_locked(block* b, stream_handle stream, int hand_backs);
+  // Note [ping-pong hand-offs]: how many hand-offs straight back in a row
+  // handing `b` to `stream` would make (0: it would not go straight back).
+  int hand_backs_locked(const block* b, stream_handle stream) const;
+  bool garbage_collection_due_locked() const;
   block* grow_locked(std::size_t rounded, stream_handle stream, pool_id pool);
   // Growth through whichever kind of segment `pool` uses.
-  block* grow_any_locked(std::size_t rounded, stream_handle stream, pool_id pool, bool capturing);
+  block* grow_any_locked(std::size_t rounded, stream_handle stream, pool_id pool, bool may_stitch);
   bool uses_expandable(pool_id pool) const { return pool == 0 && expandable_; }
 
   // --- expandable segments and stitching (expandable_segments.cpp) ---
@@ -396,6 +405,22 @@ class caching_allocator {
   // complete in order, so polling stops at the first unfinished one.
   std::unordered_map<stream_handle, std::deque<pending_event>> pending_;
   std::vector<block*> spare_blocks_;
+  // Note [ping-pong hand-offs]: allocations so far, and the latest
+  // hand-offs, one slot per block with slots reused in turn: as many as
+  // the window can hold (one hand-off per allocation at most).
+  struct hand_off {
+    std::uintptr_t address = 0;  // of the block handed over; 0: slot unused
+    stream_handle from = 0;
+    stream_handle to = 0;
+    std::uint64_t at = 0;  // allocation_clock_ then
+    int hand_backs = 0;    // hand-offs straight back in a row it ended
+  };
+  static constexpr std::size_t k_ping_pong_window_allocations = 16;
+  // The hand-off straight back, counted in a row, from which growth is tried.
+  static constexpr int k_refused_hand_back = 2;
+  std::uint64_t allocation_clock_ = 0;
+  std::array<hand_off, k_ping_pong_window_allocations> recent_hand_offs_{};
+  std::size_t next_hand_off_slot_ = 0;
   device_stats stats_;
 };
 

@@ -40,7 +40,8 @@ struct allocator_config {
   // The divisions that apply to a request of `bytes`.
   unsigned roundup_divisions_for(std::size_t bytes) const;
   // Note [cross-stream reuse]: hand a free block cached for stream A to
-  // stream B by making B wait on A's event, instead of growing.
+  // stream B by making B wait on A's event, instead of growing (unless the
+  // block ping-pongs: Note [ping-pong hand-offs]).
   bool cross_stream_reuse = true;
   // Note [capture reuse]: a block freed during a CUDA graph capture while
   // other captured streams use it returns to its pool once the graph orders
