@@ -109,7 +109,7 @@ void* caching_allocator::allocate_locked(std::size_t bytes, stream_handle stream
   ++allocation_clock_;
   std::size_t rounded = 0;
   if (!policy_.round(bytes, &rounded)) raise_oom_locked(bytes, stream, pool);
-  free_block_set& free_set = pool_for_locked(pool, policy_.in_small_pool(rounded, pool));
+  free_block_index& free_set = pool_for_locked(pool, policy_.in_small_pool(rounded, pool));
   const bool capturing = capture_count_.load(std::memory_order_relaxed) != 0;
 
   // Stage 1: reclaim pending frees whose events have completed, so they are
@@ -182,31 +182,26 @@ void* caching_allocator::allocate_locked(std::size_t bytes, stream_handle stream
   return reinterpret_cast<void*>(found->address);
 }
 
-block* caching_allocator::find_free_block_locked(free_block_set& free_set, std::size_t rounded, stream_handle stream) {
-  auto it = skip_switched_off_locked(free_set, free_set.lower_bound(block_key{stream, rounded, 0}), stream);
-  if (it == free_set.end() || it->key.stream != stream) return nullptr;
-  block* b = it->b;
-  if (!policy_.may_reuse(b->size, rounded)) return nullptr;
+block* caching_allocator::find_free_block_locked(free_block_index& free_set, std::size_t rounded, stream_handle stream) {
+  block* b = usable_fit_locked(free_set, rounded, stream);
+  if (b == nullptr || !policy_.may_reuse(b->size, rounded)) return nullptr;
   erase_free_locked(b);
   return b;
 }
 
-block* caching_allocator::find_other_stream_block_locked(free_block_set& free_set, std::size_t rounded,
+block* caching_allocator::find_other_stream_block_locked(free_block_index& free_set, std::size_t rounded,
                                                          stream_handle stream) {
   block* best = nullptr;
-  // Visit each stream present in the set once: best fit within it, then
-  // jump past all of its blocks.
-  for (auto it = free_set.begin(); it != free_set.end();) {
-    const stream_handle other = it->key.stream;
-    if (other != stream) {
-      auto candidate = skip_switched_off_locked(free_set, free_set.lower_bound(block_key{other, rounded, 0}), other);
-      if (candidate != free_set.end() && candidate->key.stream == other &&
-          policy_.may_reuse(candidate->key.size, rounded) && (best == nullptr || candidate->key.size < best->size)) {
-        best = candidate->b;
-      }
+  // The best fit of each other stream; the smallest wins, the first
+  // stream in ascending order among equals.
+  free_set.for_each_stream([&](stream_handle other) {
+    if (other == stream) return;
+    block* candidate = usable_fit_locked(free_set, rounded, other);
+    if (candidate != nullptr && policy_.may_reuse(candidate->size, rounded) &&
+        (best == nullptr || candidate->size < best->size)) {
+      best = candidate;
     }
-    it = free_set.upper_bound(block_key{other, k_max_size, std::numeric_limits<std::uintptr_t>::max()});
-  }
+  });
   return best;
 }
 
@@ -301,7 +296,7 @@ block* caching_allocator::grow_locked(std::size_t rounded, stream_handle stream,
   b->owner = s;
   s->first = b;
   segments_.emplace(s->address, s);
-  if (pool != 0) ++private_pools_.try_emplace(pool, &set_nodes_).first->second.segments;
+  if (pool != 0) ++private_pools_.try_emplace(pool, &set_nodes_, config_.min_block_bytes).first->second.segments;
 
   update_stat(stats_.segment, s, 1);
   update_stat(stats_.reserved_bytes, s, static_cast<std::int64_t>(segment_bytes));
@@ -475,7 +470,7 @@ void caching_allocator::return_to_pool_locked(block* b) {
 }
 
 void caching_allocator::insert_free_locked(block* b) {
-  b->free_position = b->owner->free_set->insert(free_entry{key_of(b), b}).first;
+  b->owner->free_set->insert(b);
   if (b->is_split()) {
     b->counted_inactive_split = true;
     update_stat(stats_.inactive_split, b->owner, 1);
@@ -484,7 +479,7 @@ void caching_allocator::insert_free_locked(block* b) {
 }
 
 void caching_allocator::erase_free_locked(block* b) {
-  b->owner->free_set->erase(b->free_position);
+  b->owner->free_set->erase(b);
   if (b->counted_inactive_split) {
     b->counted_inactive_split = false;
     update_stat(stats_.inactive_split, b->owner, -1);
@@ -529,11 +524,9 @@ bool caching_allocator::release_available_oversize_locked(std::size_t rounded, p
   if (config_.max_split_bytes == k_max_size) return false;
   if (pool != 0 && !pool_releasable_locked(pool)) return false;
   std::vector<block*> whole;  // unsplit oversize blocks, i.e. whole unused segments
-  for (const free_entry& entry : pool_for_locked(pool, false)) {
-    if (policy_.is_oversize(entry.key.size) && !entry.b->is_split() && !entry.b->owner->expandable()) {
-      whole.push_back(entry.b);
-    }
-  }
+  pool_for_locked(pool, false).for_each([&](block* b) {
+    if (policy_.is_oversize(b->size) && !b->is_split() && !b->owner->expandable()) whole.push_back(b);
+  });
   if (whole.empty()) return false;
   std::sort(whole.begin(), whole.end(), [](const block* a, const block* b) { return a->size < b->size; });
   // The smallest one that alone makes room, else the largest ones until the
@@ -667,7 +660,7 @@ void caching_allocator::recount_oversize_locked() {
 void caching_allocator::begin_allocate_to_pool(pool_id id, stream_filter filter) {
   if (id == 0) throw usage_error("streamalloc: private pool id 0 is reserved for the default pool");
   std::lock_guard<adaptive_mutex> lock(mutex_);
-  ++private_pools_.try_emplace(id, &set_nodes_).first->second.use_count;
+  ++private_pools_.try_emplace(id, &set_nodes_, config_.min_block_bytes).first->second.use_count;
   captures_.push_back({id, std::move(filter)});
   capture_count_.store(static_cast<int>(captures_.size()), std::memory_order_release);
 }
@@ -782,9 +775,9 @@ auto& caching_allocator::pool_of(self_type& self, pool_id pool, bool small) {
   return small ? pair->small : pair->large;
 }
 
-free_block_set& caching_allocator::pool_for_locked(pool_id pool, bool small) { return pool_of(*this, pool, small); }
+free_block_index& caching_allocator::pool_for_locked(pool_id pool, bool small) { return pool_of(*this, pool, small); }
 
-const free_block_set& caching_allocator::pool_for_locked(pool_id pool, bool small) const {
+const free_block_index& caching_allocator::pool_for_locked(pool_id pool, bool small) const {
   return pool_of(*this, pool, small);
 }
 
@@ -839,11 +832,11 @@ void caching_allocator::for_each_free_set_locked(fn&& visit) const {
 void caching_allocator::fill_fragmentation_locked(device_stats* out) const {
   std::size_t largest = 0;
   std::size_t total = 0;
-  for_each_free_set_locked([&](const free_block_set& set) {
-    for (const free_entry& entry : set) {
-      largest = std::max(largest, entry.key.size);
-      total += entry.key.size;
-    }
+  for_each_free_set_locked([&](const free_block_index& set) {
+    set.for_each([&](const block* b) {
+      largest = std::max(largest, b->size);
+      total += b->size;
+    });
   });
   out->largest_free_block_bytes = static_cast<std::int64_t>(largest);
   out->free_cached_bytes = static_cast<std::int64_t>(total);
@@ -967,8 +960,8 @@ void caching_allocator::raise_oom_locked(std::size_t requested, stream_handle st
   context.reserved_bytes = static_cast<std::size_t>(at(stats_.reserved_bytes, stat_type::all).current);
   context.allowed_bytes = allowed_bytes_;
   for (const auto& [id, p] : private_pools_) {
-    for (const free_block_set* set : {&p.free.small, &p.free.large}) {
-      for (const free_entry& entry : *set) context.private_pool_cached_bytes += entry.key.size;
+    for (const free_block_index* set : {&p.free.small, &p.free.large}) {
+      set->for_each([&](const block* b) { context.private_pool_cached_bytes += b->size; });
     }
   }
   device_stats scratch;
@@ -1002,6 +995,10 @@ void caching_allocator::delete_block_locked(block* b) {
 // - No two address-adjacent free blocks share a stream (they coalesce).
 // - Free blocks are exactly the members of the free sets, each in the set
 //   of its segment's pool; allocated blocks are exactly the map's entries.
+// - Each free set's free_block_index is sound (Note [size classes]): bitmap
+//   bits match the non-empty classes, heaps are in address order with
+//   intact links, each block is kept under its own stream and size, counts
+//   add up, and no block is kept twice.
 // - Pending-event counts match the outstanding events.
 // - Every stat's current value equals a recount from the blocks.
 
@@ -1064,9 +1061,6 @@ void caching_allocator::validate() const {
       if (b->is_free()) {
         ++free_blocks;
         if (s->free_set != &pool_for_locked(s->pool, s->is_small)) fail("segment points at another pool's free set");
-        auto found = s->free_set->find(key_of(b));
-        if (found == s->free_set->end() || found->b != b) fail("free block missing from its pool");
-        if (b->free_position != found) fail("free block's remembered position is stale");
         if (b->next != nullptr && b->next->is_free_mapped() && b->next->stream == b->stream) {
           fail("adjacent free blocks of one stream not coalesced");
         }
@@ -1080,18 +1074,28 @@ void caching_allocator::validate() const {
     }
     if (expected != s->address + s->size) fail("blocks do not cover their segment");
   }
+  // Each index holds distinct blocks (its own check), each a free block
+  // whose segment names that index; so with the counts equal, every free
+  // block is in exactly one place, its own pool's.
+  const auto check_index = [&](const free_block_index& set) {
+    if (const std::string broken = set.first_violation(); !broken.empty()) fail("free block index: " + broken);
+  };
   std::size_t set_members = 0;
-  for_each_free_set_locked([&](const free_block_set& set) {
+  for_each_free_set_locked([&](const free_block_index& set) {
+    check_index(set);
     set_members += set.size();
-    for (const free_entry& entry : set) {
-      if (!entry.b->is_free()) fail("non-free block in a free set");
-      const block_key actual = key_of(entry.b);
-      if (block_order::less(entry.key, actual) || block_order::less(actual, entry.key)) {
-        fail("a free set's copy of a block's key is out of date");
-      }
-    }
+    set.for_each([&](const block* b) {
+      if (!b->is_free_mapped()) fail("a block in a free set is not free and mapped");
+      if (b->owner->free_set != &set) fail("a free block is in another pool's free set");
+    });
   });
-  if (set_members != free_blocks) fail("free sets hold blocks that are not in any segment");
+  if (set_members != free_blocks) fail("free sets and free blocks differ in number");
+  for (const free_block_index* set : {&unmapped_.small, &unmapped_.large}) {
+    check_index(*set);
+    set->for_each([&](const block* b) {
+      if (b->mapped || b->owner->unmapped_set != set) fail("a block in an unmapped set is mapped or another pool's");
+    });
+  }
   if (unmapped_.small.size() + unmapped_.large.size() != unmapped_blocks) fail("unmapped sets hold stray blocks");
   std::sort(mapped_chunks.begin(), mapped_chunks.end());
   if (std::adjacent_find(mapped_chunks.begin(), mapped_chunks.end()) != mapped_chunks.end()) fail("a chunk is mapped twice");

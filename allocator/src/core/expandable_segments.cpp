@@ -79,7 +79,7 @@ block* caching_allocator::grow_expandable_locked(std::size_t rounded, stream_han
   // from overflow).
   if (rounded > allowed_bytes_) return nullptr;
   const bool small = policy_.in_small_pool(rounded, 0);  // only the default pool expands
-  const free_block_set& unmapped = small ? unmapped_.small : unmapped_.large;
+  const free_block_index& unmapped = small ? unmapped_.small : unmapped_.large;
   placement where = place_locked(unmapped, rounded, stream);
   if (where.target == nullptr) {
     if (reserve_range_locked(rounded, small) == nullptr) return nullptr;
@@ -156,15 +156,14 @@ void caching_allocator::count_stitch_locked(std::size_t rounded) {
   }
 }
 
-caching_allocator::placement caching_allocator::place_locked(const free_block_set& unmapped, std::size_t rounded,
+caching_allocator::placement caching_allocator::place_locked(const free_block_index& unmapped, std::size_t rounded,
                                                              stream_handle stream) const {
   placement best;
   // The unmapped set is small (range tails and stitched-out holes); the
   // fewest new chunks wins, then the smallest block (the set's order). A
   // hole mapped whole also joins the free block of the stream after it, so
   // mapping it can reunite free space that stitching cut apart.
-  for (const free_entry& entry : unmapped) {
-    block* target = entry.b;
+  unmapped.for_each([&](block* target) {
     block* before = target->prev;
     block* after = target->next;
     const bool extend = before != nullptr && before->is_free_mapped() && before->stream == stream && before->size < rounded;
@@ -173,11 +172,11 @@ caching_allocator::placement caching_allocator::place_locked(const free_block_se
     if (chunks * chunk_bytes_ > target->size) {
       const bool joins = after != nullptr && after->is_free_mapped() && after->stream == stream &&
                          target->size + after->size >= missing;
-      if (!joins) continue;
+      if (!joins) return;
       chunks = target->size / chunk_bytes_;
     }
     if (best.target == nullptr || chunks < best.chunks) best = {target, extend ? before : nullptr, chunks};
-  }
+  });
   return best;
 }
 
@@ -205,7 +204,7 @@ segment* caching_allocator::reserve_range_locked(std::size_t rounded, bool small
   b->mapped = false;
   s->first = b;
   segments_.emplace(s->address, s);
-  b->free_position = s->unmapped_set->insert(free_entry{key_of(b), b}).first;
+  s->unmapped_set->insert(b);
   return s;
 }
 
@@ -225,21 +224,15 @@ std::size_t caching_allocator::steal_idle_chunks_locked(std::size_t wanted, cons
   // beside the target would merge into it.
   const block* keep[] = {where.prefix, where.target->prev, where.target->next};
   std::vector<block*> donors;
-  for (const free_block_set* set : {&default_pool_.small, &default_pool_.large}) {
-    // Only blocks of a chunk or more can hold an idle chunk: per stream,
-    // start the walk at that size instead of visiting every cached block.
-    for (auto it = set->begin(); it != set->end();) {
-      const stream_handle s = it->key.stream;
-      const auto stream_end = set->upper_bound(block_key{s, std::numeric_limits<std::size_t>::max(), std::numeric_limits<std::uintptr_t>::max()});
-      for (it = set->lower_bound(block_key{s, chunk_bytes_, 0}); it != stream_end; ++it) {
-        block* b = it->b;
-        if (!b->owner->expandable() || idle_chunks(b) == 0 || std::find(std::begin(keep), std::end(keep), b) != std::end(keep)) {
-          continue;
-        }
-        donors.push_back(b);
-      }
-      it = stream_end;
-    }
+  for (const free_block_index* set : {&default_pool_.small, &default_pool_.large}) {
+    // Only blocks of a chunk or more can hold an idle chunk.
+    set->for_each(
+        [&](block* b) {
+          if (b->owner->expandable() && idle_chunks(b) != 0 && std::find(std::begin(keep), std::end(keep), b) == std::end(keep)) {
+            donors.push_back(b);
+          }
+        },
+        chunk_bytes_);
   }
   if (donors.empty()) return 0;
   // Small holes first: they are the fragmentation; large free blocks are
@@ -356,11 +349,11 @@ block* caching_allocator::take_mapped_front_locked(const placement& where, strea
   block* target = where.target;
   segment* s = target->owner;
   const std::size_t bytes = where.chunks * chunk_bytes_;
-  s->unmapped_set->erase(target->free_position);
+  s->unmapped_set->erase(target);
   if (bytes < target->size) {
     block* rest = split_at(target, bytes, new_block_locked());
     rest->mapped = false;
-    rest->free_position = s->unmapped_set->insert(free_entry{key_of(rest), rest}).first;
+    s->unmapped_set->insert(rest);
   }
   target->mapped = true;
   target->stream = stream;
@@ -386,15 +379,15 @@ block* caching_allocator::take_mapped_front_locked(const placement& where, strea
 void caching_allocator::insert_unmapped_locked(block* b) {
   segment* s = b->owner;
   if (block* prev = b->prev; prev != nullptr && !prev->mapped) {
-    s->unmapped_set->erase(prev->free_position);
+    s->unmapped_set->erase(prev);
     delete_block_locked(absorb_next(prev));
     b = prev;
   }
   if (block* next = b->next; next != nullptr && !next->mapped) {
-    s->unmapped_set->erase(next->free_position);
+    s->unmapped_set->erase(next);
     delete_block_locked(absorb_next(b));
   }
-  b->free_position = s->unmapped_set->insert(free_entry{key_of(b), b}).first;
+  s->unmapped_set->insert(b);
 }
 
 void caching_allocator::refresh_split_count_locked(block* b) {
@@ -425,10 +418,12 @@ block* caching_allocator::absorb_following_free_locked(block* b) {
 
 void caching_allocator::release_idle_chunks_locked() {
   if (chunk_bytes_ == 0) return;  // expandable segments never used: no range exists
-  const auto has_idle = [&](const free_entry& e) { return e.b->owner->expandable() && idle_chunks(e.b) > 0; };
+  const auto has_idle = [&](const block* b) { return b->owner->expandable() && idle_chunks(b) > 0; };
   const auto any_idle = [&] {
-    for (const free_block_set* set : {&default_pool_.small, &default_pool_.large}) {
-      if (std::any_of(set->begin(), set->end(), has_idle)) return true;
+    for (const free_block_index* set : {&default_pool_.small, &default_pool_.large}) {
+      bool found = false;
+      set->for_each([&](const block* b) { found = found || has_idle(b); }, chunk_bytes_);
+      if (found) return true;
     }
     // Adjacent free blocks of different streams may share an idle chunk.
     for (const auto& [address, s] : segments_) {
@@ -449,10 +444,10 @@ void caching_allocator::release_idle_chunks_locked() {
     }
   }
   std::vector<block*> donors;
-  for (const free_block_set* set : {&default_pool_.small, &default_pool_.large}) {
-    for (const free_entry& e : *set) {
-      if (has_idle(e)) donors.push_back(e.b);
-    }
+  for (const free_block_index* set : {&default_pool_.small, &default_pool_.large}) {
+    set->for_each([&](block* b) {
+      if (has_idle(b)) donors.push_back(b);
+    });
   }
   for (block* d : donors) unmap_idle_chunks_locked(d, std::numeric_limits<std::size_t>::max(), nullptr);
 }
@@ -461,7 +456,7 @@ bool caching_allocator::release_range_locked(segment* s) {
   // Only a range with nothing mapped: a single unmapped block.
   if (!s->range->release()) return false;
   block* b = s->first;
-  s->unmapped_set->erase(b->free_position);
+  s->unmapped_set->erase(b);
   delete_block_locked(b);
   segments_.erase(s->address);
   delete s;
@@ -525,10 +520,6 @@ void caching_allocator::validate_expandable_locked(const segment* s, std::vector
     if (b->next != nullptr && !b->next->mapped) fail("adjacent unmapped blocks not coalesced");
     for (std::size_t slot = first; slot <= last; ++slot) {
       if (range.chunk(slot) != 0) fail("an unmapped block has a chunk mapped under it");
-    }
-    auto found = s->unmapped_set->find(key_of(b));
-    if (found == s->unmapped_set->end() || found->b != b || b->free_position != found) {
-      fail("unmapped block missing from its pool's unmapped set");
     }
   }
   std::size_t mapped = 0;

@@ -64,7 +64,7 @@ std::string pool_name(pool_id id) { return "streamalloc: private pool " + std::t
 void caching_allocator::create_or_incref_pool(pool_id id, std::shared_ptr<segment_source> source) {
   if (id == 0) throw usage_error("streamalloc: private pool id 0 is reserved for the default pool");
   std::lock_guard<adaptive_mutex> lock(mutex_);
-  auto [it, created] = private_pools_.try_emplace(id, &set_nodes_);
+  auto [it, created] = private_pools_.try_emplace(id, &set_nodes_, config_.min_block_bytes);
   if (created) it->second.source = std::move(source);
   ++it->second.use_count;
 }
@@ -123,7 +123,7 @@ bool caching_allocator::free_segment_locked(const segment* s) {
 block* caching_allocator::take_from_use_on_oom_pools_locked(std::size_t rounded, stream_handle stream) {
   for (auto& [id, p] : private_pools_) {
     if (!p.use_on_oom) continue;
-    free_block_set& set = policy_.in_small_pool(rounded, id) ? p.free.small : p.free.large;
+    free_block_index& set = policy_.in_small_pool(rounded, id) ? p.free.small : p.free.large;
     if (block* b = find_free_block_locked(set, rounded, stream)) return b;
   }
   return nullptr;

@@ -9,7 +9,11 @@
 //   neighbours of the same stream.  Both are done by split_at and
 //   absorb_next (block_list.hpp), for every list of blocks.
 // - pool: the free blocks available for reuse, kept per (memory pool,
-//   small/large, stream) and ordered by (stream, size, address).
+//   small/large, stream) in a free_block_index (free_block_index.hpp).
+// - size class: the free blocks of one stream and one exact size (below
+//   32 MiB by default) in a pool, found by a bit scan (Note [size classes]).
+// - best fit: the free block of the requesting stream with the smallest
+//   size that holds the request; among equal sizes the lowest address.
 // - stream use: a stream other than the allocating stream that touched the
 //   block (record_stream).  The allocating stream is the block's stream.
 // - pending free: a block the program freed while stream uses may still be
@@ -39,35 +43,34 @@ namespace streamalloc {
 
 struct segment;
 struct block;
+class free_block_index;
 
-// A search position in a free-block set: (stream, size, address).
-struct block_key {
+// A free block's place in its size class (free_block_index.hpp), which is a
+// pairing heap ordered by address: the block's first child, its next
+// sibling, and its previous sibling or, for a first child, its parent.
+struct heap_links {
+  block* child = nullptr;
+  block* next = nullptr;
+  block* prev = nullptr;
+};
+
+// A free block above the size classes, as the tree of a free_block_index
+// holds it: the key is copied into the node so a search never loads the
+// blocks it passes.
+struct tree_entry {
   stream_handle stream;
   std::size_t size;
   std::uintptr_t address;
-};
-
-// A free block as its pool's set holds it: the ordering key is copied into
-// the tree node so a search never has to load the blocks it passes.
-struct free_entry {
-  block_key key;
   block* b;
 };
-
-// Orders free blocks so lower_bound({stream, size, 0}) is the best fit.
-struct block_order {
-  using is_transparent = void;
-  static bool less(const block_key& a, const block_key& b) {
+// (stream, size, address) order: lower_bound({stream, size, 0}) is the best fit.
+struct tree_order {
+  bool operator()(const tree_entry& a, const tree_entry& b) const {
     if (a.stream != b.stream) return a.stream < b.stream;
-    if (a.size != b.size) return a.size < b.size;
-    return a.address < b.address;
+    return a.size != b.size ? a.size < b.size : a.address < b.address;
   }
-  bool operator()(const free_entry& a, const free_entry& b) const { return less(a.key, b.key); }
-  bool operator()(const free_entry& a, const block_key& b) const { return less(a.key, b); }
-  bool operator()(const block_key& a, const free_entry& b) const { return less(a, b.key); }
 };
-
-using free_block_set = std::set<free_entry, block_order, recycling_allocator<free_entry>>;
+using free_block_tree = std::set<tree_entry, tree_order, recycling_allocator<tree_entry>>;
 
 struct block {
   std::uintptr_t address = 0;
@@ -84,9 +87,11 @@ struct block {
   bool counted_inactive_split = false;  // contributes to inactive_split stats
   int pending_events = 0;               // > 0: pending free
   std::vector<stream_handle> stream_uses;
-  // Where the block sits in its pool's set while free, so leaving the pool
-  // needs no search.
-  free_block_set::iterator free_position;
+  // Where the block sits in its pool's free_block_index while free, so
+  // leaving it needs no search: its links in its size class, or its node in
+  // the tree of larger blocks.
+  heap_links free_links;
+  free_block_tree::iterator tree_position;
 
   bool is_free() const { return !allocated && pending_events == 0; }
   // A free block whose memory can be reused or coalesced.
@@ -95,21 +100,19 @@ struct block {
   bool is_split() const { return (prev != nullptr && prev->mapped) || (next != nullptr && next->mapped); }
 };
 
-inline block_key key_of(const block* b) { return {b->stream, b->size, b->address}; }
-
 struct segment {
   std::uintptr_t address = 0;
   std::size_t size = 0;
   stream_handle stream = 0;  // stream that caused the segment to be created
   bool is_small = false;
   pool_id pool = 0;
-  free_block_set* free_set = nullptr;  // where its free blocks are cached
+  free_block_index* free_set = nullptr;  // where its free blocks are cached
   block* first = nullptr;
 
   // --- expandable segments only (address and size are the range's) ---
   // The reserved range and its chunks; nullptr for a plain segment.
   std::unique_ptr<expandable_range> range;
-  free_block_set* unmapped_set = nullptr;  // where its unmapped blocks are kept
+  free_block_index* unmapped_set = nullptr;  // where its unmapped blocks are kept
 
   bool expandable() const { return range != nullptr; }
 };

@@ -23,6 +23,7 @@
 #include "streamalloc/core/block.hpp"
 #include "streamalloc/core/config.hpp"
 #include "streamalloc/core/event_pool.hpp"
+#include "streamalloc/core/free_block_index.hpp"
 #include "streamalloc/core/pool_checkpoint.hpp"
 #include "streamalloc/core/segment_source.hpp"
 #include "streamalloc/core/size_policy.hpp"
@@ -167,14 +168,13 @@ class caching_allocator {
 
  private:
   struct pool_pair {
-    explicit pool_pair(node_recycler* recycler)
-        : small(block_order{}, recycling_allocator<free_entry>(recycler)),
-          large(block_order{}, recycling_allocator<free_entry>(recycler)) {}
-    free_block_set small;
-    free_block_set large;
+    pool_pair(node_recycler* recycler, std::size_t class_bytes)
+        : small(class_bytes, recycler), large(class_bytes, recycler) {}
+    free_block_index small;
+    free_block_index large;
   };
   struct private_pool {
-    explicit private_pool(node_recycler* recycler) : free(recycler) {}
+    private_pool(node_recycler* recycler, std::size_t class_bytes) : free(recycler, class_bytes) {}
     pool_pair free;
     int use_count = 0;  // captures, graphs and MemPools still holding the pool
     std::size_t segments = 0;
@@ -231,21 +231,19 @@ class caching_allocator {
   void init_expandable_locked();
   // Recounts the oversize stats after max_split_bytes changed.
   void recount_oversize_locked();
-  // Note [expandable segments switched off]: from `it`, the first block of
-  // `stream` that new requests may use.
-  template <typename iterator>
-  iterator skip_switched_off_locked(const free_block_set& set, iterator it, stream_handle stream) const {
-    if (expandable_ || chunk_bytes_ == 0) return it;
-    while (it != set.end() && it->key.stream == stream && it->b->owner->expandable()) ++it;
-    return it;
+  // Best fit of `stream` in `set` among the blocks new requests may use
+  // (Note [expandable segments switched off]).
+  block* usable_fit_locked(const free_block_index& set, std::size_t rounded, stream_handle stream) const {
+    if (expandable_ || chunk_bytes_ == 0) return set.best_fit(stream, rounded);
+    return set.first_fit_if(stream, rounded, [](const block* b) { return !b->owner->expandable(); });
   }
 
   void* allocate_locked(std::size_t bytes, stream_handle stream, pool_id pool);
-  block* find_free_block_locked(free_block_set& pool, std::size_t rounded, stream_handle stream);
+  block* find_free_block_locked(free_block_index& pool, std::size_t rounded, stream_handle stream);
   // Note [cross-stream reuse]: the best fit among other streams' cached
   // blocks; handing `b` to `stream` through an event (false when the device
   // refuses), remembered for Note [ping-pong hand-offs].
-  block* find_other_stream_block_locked(free_block_set& pool, std::size_t rounded, stream_handle stream);
+  block* find_other_stream_block_locked(free_block_index& pool, std::size_t rounded, stream_handle stream);
   bool hand_off_locked(block* b, stream_handle stream, int hand_backs);
   // Note [ping-pong hand-offs]: how many hand-offs straight back in a row
   // handing `b` to `stream` would make (0: it would not go straight back).
@@ -260,7 +258,7 @@ class caching_allocator {
   block* grow_expandable_locked(std::size_t rounded, stream_handle stream, bool may_stitch);
   bool stitching_wanted_locked(std::size_t chunks, std::size_t rounded) const;
   void count_stitch_locked(std::size_t rounded);
-  placement place_locked(const free_block_set& unmapped, std::size_t rounded, stream_handle stream) const;
+  placement place_locked(const free_block_index& unmapped, std::size_t rounded, stream_handle stream) const;
   segment* reserve_range_locked(std::size_t rounded, bool small);
   std::size_t steal_idle_chunks_locked(std::size_t wanted, const placement& where, std::vector<physical_handle>* out);
   std::size_t idle_chunks(const block* b) const;
@@ -300,8 +298,8 @@ class caching_allocator {
   bool release_segment_locked(segment* s);
   bool segment_unused(const segment* s) const;
   bool pool_releasable_locked(pool_id pool) const;
-  free_block_set& pool_for_locked(pool_id pool, bool small);
-  const free_block_set& pool_for_locked(pool_id pool, bool small) const;
+  free_block_index& pool_for_locked(pool_id pool, bool small);
+  const free_block_index& pool_for_locked(pool_id pool, bool small) const;
   template <typename self_type>
   static auto& pool_of(self_type& self, pool_id pool, bool small);
   pool_id route_capture(stream_handle stream);
@@ -362,11 +360,11 @@ class caching_allocator {
   std::condition_variable delivery_done_;
   std::vector<trace_listener*> delivering_;
   event_pool events_;
-  node_recycler set_nodes_;  // before the pools: they return nodes to it
+  node_recycler set_nodes_;  // before the pools: their trees return nodes to it
   std::size_t device_total_bytes_ = 0;
   std::size_t allowed_bytes_ = 0;  // memory-fraction cap
   double fraction_ = 1.0;
-  pool_pair default_pool_{&set_nodes_};
+  pool_pair default_pool_{&set_nodes_, config_.min_block_bytes};
   // Expandable segments: whether the default pool uses them, their chunk
   // size, the size of a fresh range, the devices every range is opened to
   // (allow_peer_access; a range reserved later starts with them), and the
@@ -376,7 +374,7 @@ class caching_allocator {
   std::size_t chunk_bytes_ = 0;
   std::size_t range_bytes_ = 0;
   std::vector<int> peers_;
-  pool_pair unmapped_{&set_nodes_};
+  pool_pair unmapped_{&set_nodes_, config_.min_block_bytes};
   // Note [stitching]: the highest level of allocated memory a stitch served,
   // and the stitches since then at levels no higher.
   std::int64_t stitch_level_ = 0;

@@ -1,5 +1,6 @@
-// node_recycler: keeps the nodes of the free-block sets for reuse, so that
-// moving a block in and out of a pool never reaches malloc on the hot path.
+// node_recycler: keeps the nodes of the free-block trees (the blocks above
+// the size classes of a free_block_index) for reuse, so that moving a block
+// in and out of a pool never reaches malloc.
 // Not thread-safe: it belongs to one caching_allocator and is used under
 // that allocator's lock.
 #pragma once
