@@ -169,17 +169,19 @@ inline block* free_block_index::meld(block* a, block* b) {
 }
 
 inline void free_block_index::insert(block* b) {
-  ++size_;
+  // Counted once nothing can throw (bad_alloc), so a failure changes nothing.
   const std::size_t c = class_of(b->size);
   if (c >= k_classes) {
     insert_in_tree(b);
+    ++size_;
     return;
   }
   stream_bins* s = bins_of(b->stream);
   if (s == nullptr) s = &add_stream(b->stream);
-  ++s->blocks;
   std::unique_ptr<class_group>& group = s->groups[c / k_group_classes];
   if (group == nullptr) group = std::make_unique<class_group>();
+  ++s->blocks;
+  ++size_;
   block*& root = group->heaps[c % k_group_classes];
   b->free_links = heap_links{};
   if (root != nullptr) {
