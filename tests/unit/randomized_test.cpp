@@ -124,6 +124,7 @@ class random_run {
   struct owned_range {
     std::uintptr_t end;
     stream_handle stream;
+    std::uint64_t freed_at = 0;  // model clock at the free
   };
   struct pending_range {
     std::uintptr_t address;
@@ -134,6 +135,8 @@ class random_run {
     // so the test completes a group's events together.
     std::vector<event_handle> events;
     bool grouped = false;
+    // Model clock at the free request: the owner's uses all precede it.
+    std::uint64_t requested_at = 0;
   };
 
   static sim_config make_sim_config(std::uint64_t seed) {
@@ -173,6 +176,7 @@ class random_run {
   }
 
   void one_step() {
+    note_device_syncs();
     const std::uint64_t pick = rng_() % 1000;
     const bool over_budget = live_bytes_ > 320_MiB;
     if (pick < 10) {
@@ -319,35 +323,67 @@ class random_run {
   }
 
   // Memory last used by stream u may go to stream t != u only through Note
-  // [cross-stream reuse]: counted, with t waiting on an event of u. The
-  // model's record of who freed each range is kept independently of the
-  // allocator's block streams.
+  // [cross-stream reuse]: counted, with t waiting on an event of u. That
+  // event orders t after everything u did before it, so a range u freed
+  // before a hand-off from u to t is t's to reuse from then on (Note
+  // [borrowed remainders]: the rest of a borrowed block goes to t). The
+  // model's record of who freed each range and when is kept independently
+  // of the allocator's block streams.
   void check_stream_owner(std::uintptr_t address, std::size_t size, stream_handle stream, std::int64_t reuses_before,
                           std::size_t waits_before) {
-    bool foreign = false;
+    note_device_syncs();
+    std::vector<owned_range> foreign;
     const std::uintptr_t end = address + size;
     auto it = free_owner_.upper_bound(address);
     if (it != free_owner_.begin() && std::prev(it)->second.end > address) --it;
     while (it != free_owner_.end() && it->first < end) {
       const std::uintptr_t start = it->first;
       const owned_range r = it->second;
-      foreign = foreign || r.stream != stream;
+      if (r.stream != stream) foreign.push_back(r);
       it = free_owner_.erase(it);
       // Keep the parts of the free range outside the new block.
-      if (start < address) free_owner_[start] = {address, r.stream};
-      if (r.end > end) free_owner_[end] = {r.end, r.stream};
+      if (start < address) free_owner_[start] = {address, r.stream, r.freed_at};
+      if (r.end > end) free_owner_[end] = {r.end, r.stream, r.freed_at};
     }
-    if (!foreign) return;
-    if (!fixture_.alloc.config().cross_stream_reuse)
-      fail("memory freed by another stream reused with cross_stream_reuse off");
-    if (fixture_.stats().num_cross_stream_reuses <= reuses_before)
-      fail("memory freed by another stream reused uncounted");
-    if (fixture_.sim.counters().stream_waits <= waits_before)
-      fail("memory freed by another stream reused without a wait");
+    ++clock_;
+    const bool handed_off_now = fixture_.stats().num_cross_stream_reuses > reuses_before &&
+                                fixture_.sim.counters().stream_waits > waits_before;
+    for (const owned_range& r : foreign) {
+      if (r.freed_at < last_device_sync_) continue;  // every stream is past it
+      const auto earlier = last_hand_off_.find({r.stream, stream});
+      if (earlier != last_hand_off_.end() && earlier->second > r.freed_at) continue;
+      if (!fixture_.alloc.config().cross_stream_reuse)
+        fail("memory freed by another stream reused with cross_stream_reuse off");
+      if (fixture_.stats().num_cross_stream_reuses <= reuses_before)
+        fail("memory freed by another stream reused uncounted");
+      if (fixture_.sim.counters().stream_waits <= waits_before)
+        fail("memory freed by another stream reused without a wait");
+    }
+    if (!handed_off_now) return;
+    // The lender is the stream whose record the hand-off waited on; what it
+    // had waited for, `stream` has now waited for too.
+    const stream_handle lender = fixture_.sim.last_wait_source();
+    last_hand_off_[{lender, stream}] = clock_;
+    for (const auto& [pair, at] : std::map(last_hand_off_)) {
+      if (pair.second != lender || pair.first == stream) continue;
+      std::uint64_t& inherited = last_hand_off_[{pair.first, stream}];
+      inherited = std::max(inherited, at);
+    }
   }
 
-  void mark_freed(std::uintptr_t address, std::size_t size, stream_handle stream) {
-    free_owner_[address] = {address + size, stream};
+  // A device synchronization (stitching, the OOM ladder, empty_cache) puts
+  // every stream past everything freed before it.
+  void note_device_syncs() {
+    const std::size_t now = fixture_.sim.counters().device_syncs;
+    if (now == device_syncs_seen_) return;
+    device_syncs_seen_ = now;
+    last_device_sync_ = clock_ + 1;
+  }
+
+  // `requested_at`: the model clock of the free request when the range
+  // waited for stream uses (0: now).
+  void mark_freed(std::uintptr_t address, std::size_t size, stream_handle stream, std::uint64_t requested_at = 0) {
+    free_owner_[address] = {address + size, stream, requested_at != 0 ? requested_at : ++clock_};
   }
 
   // Forgets ranges of released segments (addresses are never reused).
@@ -551,7 +587,7 @@ class random_run {
           fail("restore did not recreate a checkpointed block");
         }
         if (!b.allocated) {
-          free_owner_[b.address] = {b.address + b.size, b.stream};
+          free_owner_[b.address] = {b.address + b.size, b.stream, ++clock_};
           continue;
         }
         if (made.erase(b.address) != 1) fail("restore did not report a recreated allocation");
@@ -644,9 +680,9 @@ class random_run {
     for (const pending_range& r : deferred_) {
       if (recorded.empty()) {
         busy_.erase(r.address);  // the events completed on record
-        mark_freed(r.address, r.size, r.stream);
+        mark_freed(r.address, r.size, r.stream, r.requested_at);
       } else {
-        pending_.push_back({r.address, r.size, r.stream, recorded, deferred_.size() > 1});
+        pending_.push_back({r.address, r.size, r.stream, recorded, deferred_.size() > 1, r.requested_at});
       }
     }
     deferred_.clear();
@@ -687,7 +723,7 @@ class random_run {
       // Events may not be recorded during a capture: the free waits for the
       // capture to end, and the block stays unavailable until then.
       busy_.emplace(a.address, a.block_size);
-      deferred_.push_back({a.address, a.block_size, a.stream, {}, false});
+      deferred_.push_back({a.address, a.block_size, a.stream, {}, false, ++clock_});
       deferred_uses_ += a.uses.size();
       ++coverage_.deferred_frees;
       check_model_stats();
@@ -701,7 +737,7 @@ class random_run {
     if (!recorded.empty()) {
       ++coverage_.pending_frees;
       busy_.emplace(a.address, a.block_size);
-      pending_.push_back({a.address, a.block_size, a.stream, std::move(recorded)});
+      pending_.push_back({a.address, a.block_size, a.stream, std::move(recorded), false, ++clock_});
     } else {
       mark_freed(a.address, a.block_size, a.stream);
     }
@@ -799,7 +835,7 @@ class random_run {
                    events.end());
       if (events.empty()) {
         busy_.erase(pending_[i].address);
-        mark_freed(pending_[i].address, pending_[i].size, pending_[i].stream);
+        mark_freed(pending_[i].address, pending_[i].size, pending_[i].stream, pending_[i].requested_at);
         pending_[i] = pending_.back();
         pending_.pop_back();
       } else {
@@ -860,6 +896,11 @@ class random_run {
   std::size_t live_requested_ = 0;
   std::vector<std::size_t> recent_sizes_;
   std::map<std::uintptr_t, owned_range> free_owner_;  // freed, non-pending ranges: start -> end, last user
+  std::uint64_t clock_ = 0;                            // orders frees and hand-offs
+  std::size_t device_syncs_seen_ = 0;
+  std::uint64_t last_device_sync_ = 0;  // ranges freed before it are every stream's
+  // (from, to) -> model clock of the last counted hand-off between them.
+  std::map<std::pair<stream_handle, stream_handle>, std::uint64_t> last_hand_off_;
   run_coverage coverage_;
   double fraction_ = 1.0;
   pool_id capture_pool_ = 0;  // 0: no capture underway

@@ -247,12 +247,18 @@ TEST_CASE("stream safety: cross-stream reuse hands a free block over through a s
     CHECK(f.sim.counters().stream_waits == before.stream_waits + 1);
     f.alloc.free(r);
   }
-  SECTION("the lender's stream keeps using the rest of its cache without waits") {
-    void* r = f.alloc.allocate(1000, f.s1);
-    CHECK_FALSE(overlaps(addr(r), f.alloc.allocation_size(r), addr(q), 1024));
+  SECTION("the rest of the borrowed block is the borrower's (Note [borrowed remainders])") {
+    void* r = f.alloc.allocate(1000, f.s2);
+    CHECK(addr(r) == addr(q) + 1024);
+    CHECK(f.stats().num_cross_stream_reuses == 1);
     CHECK(f.sim.counters().stream_waits == before.stream_waits + 1);
-    f.alloc.free(r);
-    f.alloc.free(q);
+    // The lender has nothing of its own left: its next request is a
+    // hand-off back, ordered by a second wait.
+    void* back = f.alloc.allocate(1000, f.s1);
+    CHECK_FALSE(overlaps(addr(back), f.alloc.allocation_size(back), addr(q), 2048));
+    CHECK(f.stats().num_cross_stream_reuses == 2);
+    CHECK(f.sim.counters().stream_waits == before.stream_waits + 2);
+    for (void* x : {back, r, q}) f.alloc.free(x);
   }
   f.check_consistent();
   f.sim.complete_all_events();
@@ -354,29 +360,33 @@ TEST_CASE("stream safety: a free during a capture stays pending until its events
   f.check_consistent();
 }
 
-TEST_CASE("stream safety: a handed-off block stays with its new stream after free", "[stream_safety]") {
+TEST_CASE("stream safety: a handed-off block and its remainder stay with the new stream", "[stream_safety]") {
   sim_fixture f(manual_events());
   void* p = f.alloc.allocate(1000, f.s1);
   f.alloc.free(p);
   void* q = f.alloc.allocate(1000, f.s2);  // borrowed from s1's free segment
   REQUIRE(q == p);
   REQUIRE(f.stats().num_cross_stream_reuses == 1);
+  // Note [borrowed remainders]: the rest of the segment went to s2 with q,
+  // so freeing q merges the segment back into one block of s2.
+  const allocator_snapshot held = f.snapshot();
+  REQUIRE(held.segments.size() == 1);
+  REQUIRE(held.segments[0].blocks.size() == 2);
+  CHECK(held.segments[0].blocks[1].stream == f.s2);
   f.alloc.free(q);
-  // The freed block is s2's, its free neighbour s1's: they must not merge.
   const allocator_snapshot snap = f.snapshot();
   REQUIRE(snap.segments.size() == 1);
-  REQUIRE(snap.segments[0].blocks.size() == 2);
+  REQUIRE(snap.segments[0].blocks.size() == 1);
   CHECK(snap.segments[0].blocks[0].stream == f.s2);
-  CHECK(snap.segments[0].blocks[0].size == 1024);
-  CHECK(snap.segments[0].blocks[1].stream == f.s1);
-  CHECK(snap.segments[0].blocks[1].state == block_state::inactive);
+  CHECK(snap.segments[0].blocks[0].state == block_state::inactive);
   f.check_consistent();
-  // Each stream now finds its own block without another hand-off.
+  // s2 reuses it without another hand-off; s1 must borrow it back.
   void* a = f.alloc.allocate(1000, f.s2);
-  void* b = f.alloc.allocate(1000, f.s1);
   CHECK(a == q);
-  CHECK(addr(b) == addr(p) + 1024);
   CHECK(f.stats().num_cross_stream_reuses == 1);
+  void* b = f.alloc.allocate(1000, f.s1);
+  CHECK(addr(b) == addr(p) + 1024);
+  CHECK(f.stats().num_cross_stream_reuses == 2);
   f.check_consistent();
   f.alloc.free(a);
   f.alloc.free(b);

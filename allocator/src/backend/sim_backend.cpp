@@ -382,6 +382,7 @@ status sim_backend::stream_wait_event(stream_handle stream, event_handle event) 
     waits_.emplace(stream, event);
     open_waits_[stream].push_back({next_record_sequence_, it->second.stream, it->second.record_sequence});
   }
+  last_wait_source_ = it->second.stream;
   ++counters_.stream_waits;
   return status::success();
 }
@@ -672,6 +673,11 @@ void sim_backend::complete_stream(stream_handle stream) {
 bool sim_backend::stream_waited_on(stream_handle stream, event_handle event) const {
   std::lock_guard<std::mutex> lock(mutex_);
   return waits_.count({stream, event}) != 0;
+}
+
+stream_handle sim_backend::last_wait_source() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return last_wait_source_;
 }
 
 void sim_backend::set_capacity(std::size_t bytes) {

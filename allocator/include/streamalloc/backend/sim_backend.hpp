@@ -125,6 +125,9 @@ class sim_backend final : public device_backend {
   // Whether `stream` was made to wait on a record of `event` that was still
   // pending at the time of the wait (proves a cross-stream hand-off).
   bool stream_waited_on(stream_handle stream, event_handle event) const;
+  // The stream whose record the latest stream_wait_event waited on (0:
+  // none yet): the lender of a cross-stream hand-off.
+  stream_handle last_wait_source() const;
   // Shrinks or grows the device (models other processes taking memory).
   void set_capacity(std::size_t bytes);
   // Work queued on `stream` reads or writes [ptr, ptr+bytes) and may still be
@@ -234,6 +237,7 @@ class sim_backend final : public device_backend {
   range_map ranges_;  // base -> range
   std::unordered_map<physical_handle, chunk_state> chunks_;
   std::set<std::pair<stream_handle, event_handle>> waits_;
+  stream_handle last_wait_source_ = 0;
   // Per stream, the newest record sequence known complete. Streams run in
   // order, so every touch on the stream at or before it is retired.
   std::unordered_map<stream_handle, std::uint64_t> completed_through_;

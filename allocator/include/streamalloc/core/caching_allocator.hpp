@@ -285,7 +285,7 @@ class caching_allocator {
   std::int64_t mapped_neighbours(const block* left, const block* right) const {
     return (left != nullptr && left->mapped ? 1 : 0) + (right != nullptr && right->mapped ? 1 : 0);
   }
-  void take_block_locked(block* b, std::size_t rounded, std::size_t requested, stream_handle remainder_stream);
+  void take_block_locked(block* b, std::size_t rounded, std::size_t requested);
   void return_to_pool_locked(block* b);
   void insert_free_locked(block* b);
   void erase_free_locked(block* b);
