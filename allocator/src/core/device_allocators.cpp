@@ -23,26 +23,27 @@ caching_allocator& device_allocators::at(int device) {
                       std::to_string(device_count()) + " device(s) visible)");
   }
   slot& s = *slots_[static_cast<std::size_t>(device)];
-  // call_once re-runs the initializer if it threw, so a transient failure
-  // does not poison the slot.
-  std::call_once(s.once, [&] {
-    std::lock_guard<std::mutex> guard(config_mutex_);
-    status error;
-    std::unique_ptr<device_backend> backend = factory_(device, &error);
-    if (!backend) {
-      throw device_failure("streamalloc: cannot use device " + std::to_string(device) + ": " + error.message());
-    }
-    auto allocator = std::make_unique<caching_allocator>(*backend, config_);
-    {
-      // Under the hook's lock, so a concurrent set_creation_hook either
-      // sees this allocator published or has its hook run here.
-      std::lock_guard<std::mutex> lock(hook_mutex_);
-      if (hook_) hook_(device, *allocator);
-      s.backend = std::move(backend);
-      s.allocator = std::move(allocator);
-      s.published.store(s.allocator.get(), std::memory_order_release);
-    }
-  });
+  if (caching_allocator* ready = s.published.load(std::memory_order_acquire)) return *ready;
+  // A failed creation leaves the slot empty, so a transient failure does
+  // not poison it: the next call tries again. (Not std::call_once, whose
+  // retry after a throw deadlocks under TSan's interceptors.)
+  std::lock_guard<std::mutex> guard(config_mutex_);
+  if (caching_allocator* ready = s.published.load(std::memory_order_relaxed)) return *ready;
+  status error;
+  std::unique_ptr<device_backend> backend = factory_(device, &error);
+  if (!backend) {
+    throw device_failure("streamalloc: cannot use device " + std::to_string(device) + ": " + error.message());
+  }
+  auto allocator = std::make_unique<caching_allocator>(*backend, config_);
+  {
+    // Under the hook's lock, so a concurrent set_creation_hook either
+    // sees this allocator published or has its hook run here.
+    std::lock_guard<std::mutex> lock(hook_mutex_);
+    if (hook_) hook_(device, *allocator);
+    s.backend = std::move(backend);
+    s.allocator = std::move(allocator);
+    s.published.store(s.allocator.get(), std::memory_order_release);
+  }
   return *s.allocator;
 }
 

@@ -47,10 +47,9 @@ class device_allocators {
 
  private:
   struct slot {
-    std::once_flag once;
     std::unique_ptr<device_backend> backend;
     std::unique_ptr<caching_allocator> allocator;
-    std::atomic<caching_allocator*> published{nullptr};  // read by find() without the once_flag
+    std::atomic<caching_allocator*> published{nullptr};  // read without config_mutex_
   };
   backend_factory factory_;
   // Guards config_, and is held while an allocator is created and
