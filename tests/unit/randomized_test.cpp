@@ -38,6 +38,7 @@ struct run_coverage {
   std::size_t pending_frees = 0;
   std::size_t full_checks = 0;
   std::int64_t cross_stream_reuses = 0;
+  std::int64_t recent_reuses = 0;
   std::int64_t alloc_retries = 0;
   std::int64_t sync_all_streams = 0;
   std::int64_t oversize_segments_peak = 0;
@@ -56,6 +57,7 @@ struct run_coverage {
     pending_frees += o.pending_frees;
     full_checks += o.full_checks;
     cross_stream_reuses += o.cross_stream_reuses;
+    recent_reuses += o.recent_reuses;
     alloc_retries += o.alloc_retries;
     sync_all_streams += o.sync_all_streams;
     oversize_segments_peak = std::max(oversize_segments_peak, o.oversize_segments_peak);
@@ -105,6 +107,7 @@ class random_run {
     }
     const device_stats st = fixture_.stats();
     coverage_.cross_stream_reuses = st.num_cross_stream_reuses;
+    coverage_.recent_reuses = st.num_recent_reuses;
     coverage_.alloc_retries = st.num_alloc_retries;
     coverage_.sync_all_streams = st.num_sync_all_streams;
     coverage_.oversize_segments_peak = st.oversize_segments.peak;
@@ -260,7 +263,7 @@ class random_run {
       }
     }
     const std::size_t segments_before = fixture_.sim.live_segments();
-    const std::int64_t reuses_before = fixture_.stats().num_cross_stream_reuses;
+    const std::int64_t reuses_before = fixture_.alloc.current_usage().cross_stream_reuses;
     const std::size_t waits_before = fixture_.sim.counters().stream_waits;
     void* p = nullptr;
     try {
@@ -346,7 +349,7 @@ class random_run {
       if (r.end > end) free_owner_[end] = {r.end, r.stream, r.freed_at};
     }
     ++clock_;
-    const bool handed_off_now = fixture_.stats().num_cross_stream_reuses > reuses_before &&
+    const bool handed_off_now = fixture_.alloc.current_usage().cross_stream_reuses > reuses_before &&
                                 fixture_.sim.counters().stream_waits > waits_before;
     for (const owned_range& r : foreign) {
       if (r.freed_at < last_device_sync_) continue;  // every stream is past it
@@ -354,7 +357,7 @@ class random_run {
       if (earlier != last_hand_off_.end() && earlier->second > r.freed_at) continue;
       if (!fixture_.alloc.config().cross_stream_reuse)
         fail("memory freed by another stream reused with cross_stream_reuse off");
-      if (fixture_.stats().num_cross_stream_reuses <= reuses_before)
+      if (fixture_.alloc.current_usage().cross_stream_reuses <= reuses_before)
         fail("memory freed by another stream reused uncounted");
       if (fixture_.sim.counters().stream_waits <= waits_before)
         fail("memory freed by another stream reused without a wait");
@@ -844,17 +847,20 @@ class random_run {
     }
   }
 
+  // Read through current_usage(), which leaves the recent frees in place
+  // (stats() would return them to their pools after every step, and the
+  // path that takes them back would never run here).
   void check_model_stats() {
-    const device_stats st = fixture_.stats();
-    if (all(st.allocation) != static_cast<std::int64_t>(live_.size())) {
-      fail("allocation.all.current " + std::to_string(all(st.allocation)) + ", model " + std::to_string(live_.size()));
+    const caching_allocator::usage u = fixture_.alloc.current_usage();
+    if (u.allocations != static_cast<std::int64_t>(live_.size())) {
+      fail("allocation.all.current " + std::to_string(u.allocations) + ", model " + std::to_string(live_.size()));
     }
-    if (all(st.requested_bytes) != static_cast<std::int64_t>(live_requested_)) {
-      fail("requested_bytes.all.current " + std::to_string(all(st.requested_bytes)) + ", model " +
+    if (u.requested_bytes != static_cast<std::int64_t>(live_requested_)) {
+      fail("requested_bytes.all.current " + std::to_string(u.requested_bytes) + ", model " +
            std::to_string(live_requested_));
     }
-    if (all(st.allocated_bytes) != static_cast<std::int64_t>(live_bytes_)) {
-      fail("allocated_bytes.all.current " + std::to_string(all(st.allocated_bytes)) + ", model " +
+    if (u.allocated_bytes != static_cast<std::int64_t>(live_bytes_)) {
+      fail("allocated_bytes.all.current " + std::to_string(u.allocated_bytes) + ", model " +
            std::to_string(live_bytes_));
     }
   }
@@ -931,7 +937,8 @@ run_coverage run_seeds(std::uint64_t first_seed, std::uint64_t seed_count, std::
 // Every seed set must reach each path the model checks, or it proves little.
 void check_coverage(const run_coverage& c, std::size_t steps) {
   INFO("allocations " << c.allocations << ", out_of_memory " << c.ooms << ", pending frees " << c.pending_frees
-                      << ", cross-stream reuses " << c.cross_stream_reuses << ", alloc retries " << c.alloc_retries
+                      << ", cross-stream reuses " << c.cross_stream_reuses << ", recent reuses " << c.recent_reuses
+                      << ", alloc retries " << c.alloc_retries
                       << ", sync-all " << c.sync_all_streams << ", oversize segments peak " << c.oversize_segments_peak
                       << ", full checks " << c.full_checks << ", captures " << c.captures << ", deferred frees "
                       << c.deferred_frees << ", checkpoints " << c.checkpoints << ", restores " << c.restores
@@ -961,6 +968,12 @@ TEST_CASE("randomized: short differential run against the reference model", "[ra
   const run_coverage c = run_seeds(1, 16, 12000, 1);
   check_coverage(c, 16 * 12000);
   CHECK(c.full_checks == 16 * 12000);
+  // A full check reads snapshots and stats, which return the recent frees
+  // to their pools; with fewer checks allocations take them back (Note
+  // [recent frees]) and the model checks those too.
+  const run_coverage sparse = run_seeds(50, 8, 12000, 16);
+  check_coverage(sparse, 8 * 12000);
+  CHECK(sparse.recent_reuses > 0);
 }
 
 TEST_CASE("randomized: long differential run against the reference model", "[randomized][slow]") {
@@ -970,4 +983,5 @@ TEST_CASE("randomized: long differential run against the reference model", "[ran
   check_coverage(every_step, 64 * 25000);
   const run_coverage long_runs = run_seeds(1000, 100, 100000, 256);
   check_coverage(long_runs, 100 * 100000);
+  CHECK(long_runs.recent_reuses > 0);
 }

@@ -72,6 +72,7 @@ caching_allocator::caching_allocator(device_backend& backend, allocator_config c
 }
 
 caching_allocator::~caching_allocator() {
+  flush_recent_locked();
   // Outstanding work is finished before its memory goes back to the device.
   for (auto& [stream, queue] : pending_) {
     for (const pending_event& entry : queue) {
@@ -110,8 +111,24 @@ void* caching_allocator::allocate_locked(std::size_t bytes, stream_handle stream
   ++allocation_clock_;
   std::size_t rounded = 0;
   if (!policy_.round(bytes, &rounded)) raise_oom_locked(bytes, stream, pool);
-  free_block_index& free_set = pool_for_locked(pool, policy_.in_small_pool(rounded, pool));
+  const bool small = policy_.in_small_pool(rounded, pool);
+  free_block_index& free_set = pool_for_locked(pool, small);
   const bool capturing = capture_count_.load(std::memory_order_relaxed) != 0;
+
+  // Note [recent frees]: a block of this size freed lately on this stream
+  // is taken back whole; on a miss they all return to their pools first,
+  // so the search below sees what it would have seen without them.
+  if (!recent_.empty()) {
+    if (pool == 0 && !capturing) {
+      if (!pending_.empty()) process_events_locked();
+      if (block* b = take_recent_locked(free_set, rounded, stream, small)) {
+        ++stats_.num_recent_reuses;
+        mark_allocated_locked(b, bytes);
+        return reinterpret_cast<void*>(b->address);
+      }
+    }
+    flush_recent_locked();
+  }
 
   // Stage 1: reclaim pending frees whose events have completed, so they are
   // coalesced and counted inactive before the search (as PyTorch does).
@@ -375,7 +392,11 @@ void caching_allocator::free(void* ptr) {
   unmark_allocated_locked(b);
 
   if (b->stream_uses.empty()) {
-    return_to_pool_locked(b);
+    if (b->owner->pool == 0 && capture_count_.load(std::memory_order_relaxed) == 0) {
+      keep_recent_locked(b);
+    } else {
+      return_to_pool_locked(b);
+    }
   } else if (capture_count_.load(std::memory_order_relaxed) != 0) {
     b->pending_events = 1;  // stands for the events recorded when captures end
     deferred_frees_.push_back(b);
@@ -467,12 +488,92 @@ void caching_allocator::synchronize_pending_locked() {
 }
 
 void caching_allocator::return_to_pool_locked(block* b) {
+  deactivate_locked(b);
+  release_to_pool_locked(b);
+}
+
+void caching_allocator::deactivate_locked(block* b) {
   segment* s = b->owner;
   record_trace_locked(trace_action::free_completed, b->address, b->requested_size, b->stream, s->pool);
   update_stat(stats_.active, s, -1);
   update_stat(stats_.active_bytes, s, -static_cast<std::int64_t>(b->size));
   b->requested_size = 0;
+}
 
+// Note [recent frees]: a program that frees a block and asks again for
+// the same size on the same stream (a training step's activations, a
+// loop's temporaries) would otherwise pay for a merge with the block's
+// free neighbours at the free and for a best-fit search and a split at the
+// allocation, and get the same memory back. The last k_capacity such
+// frees of the default pool stay whole instead, outside the free sets and
+// apart from coalescing (no neighbour merges with them); a request of
+// their size and stream takes the newest one back when the search would
+// have handed out exactly that block (take_recent_locked), so placement is
+// the same as without them. Anything else returns them all to their pools
+// first: an allocation that misses, a capture, empty_cache, and every
+// reader of stats, snapshots or free memory. So every search, stitch and
+// release sees the merged free memory it would see without them. Their
+// active stats fall and their free_completed trace entries are written at
+// the free, as without them; only the inactive-split counts wait for the
+// return (readers flush first, so they see them right), and the cumulative
+// inactive-split counters miss the merge and split a reuse skips. Blocks
+// with stream uses, and blocks of private pools, return as before.
+void caching_allocator::keep_recent_locked(block* b) {
+  deactivate_locked(b);
+  b->recent = true;
+  if (block* evicted = recent_.push(b)) {
+    evicted->recent = false;
+    release_to_pool_locked(evicted);
+  }
+}
+
+void caching_allocator::flush_recent_locked() const {
+  // Logically const: the blocks return to the pools they are counted in.
+  auto* self = const_cast<caching_allocator*>(this);
+  recent_.drain([self](block* b) {
+    b->recent = false;
+    self->release_to_pool_locked(b);
+  });
+}
+
+// The newest recent free of this size and stream, if the search and split
+// of an allocation without recent frees would hand out exactly this block.
+// Without them, every recent free would have returned to its pool and
+// merged with its free neighbours (and other recent frees) of its stream.
+// So this block's run -- it and the free or recent blocks of its stream
+// after it -- must start at its own address, must be what best fit picks
+// (no free block of the stream that fits is smaller than the run, or as
+// large at a lower address; any other recent free of the stream that might
+// grow into one counts as one), and must be split, or be the block itself.
+// When any of that is in doubt the answer is nullptr: the caller then
+// returns every recent free and searches as usual.
+block* caching_allocator::take_recent_locked(const free_block_index& free_set, std::size_t rounded,
+                                             stream_handle stream, bool small) {
+  block* b = recent_.newest(rounded, stream, small);
+  if (b == nullptr) return nullptr;
+  const auto joins = [stream](const block* n) {
+    return n != nullptr && n->stream == stream && (n->is_free_mapped() || n->recent);
+  };
+  if (joins(b->prev) || !(expandable_ || chunk_bytes_ == 0)) return nullptr;
+  // The run: this block and at most one free block after it (more, or a
+  // recent free in it, is rare enough to leave to the search).
+  const block* rest = joins(b->next) ? b->next : nullptr;
+  if (rest != nullptr && (rest->recent || joins(rest->next))) return nullptr;
+  const std::size_t run = b->size + (rest != nullptr ? rest->size : 0);
+  for (std::size_t i = 0; i < recent_.size(); ++i) {
+    const block* other = recent_.at(i);
+    if (other != b && other->stream == stream && other->owner->is_small == small && other->size <= run) return nullptr;
+  }
+  if (!policy_.may_reuse(run, rounded)) return nullptr;
+  if (run != rounded && !policy_.should_split(run, rounded, small, b->owner->expandable())) return nullptr;
+  const block* best = rest != nullptr ? free_set.best_fit_besides(stream, rounded, rest) : free_set.best_fit(stream, rounded);
+  if (best != nullptr && (best->size < run || (best->size == run && best->address < b->address))) return nullptr;
+  recent_.remove(b);
+  b->recent = false;
+  return b;
+}
+
+void caching_allocator::release_to_pool_locked(block* b) {
   block* merged = b;
   if (block* prev = b->prev; prev != nullptr && prev->is_free_mapped() && prev->stream == b->stream) {
     erase_free_locked(prev);
@@ -530,6 +631,7 @@ void caching_allocator::allow_peer_access(int peer_device) {
 
 void caching_allocator::empty_cache() {
   locked_call call(*this);
+  flush_recent_locked();
   // A capture may neither synchronize nor free device memory; the cache is
   // kept until it ends.
   if (capture_count_.load(std::memory_order_relaxed) != 0) return;
@@ -635,6 +737,7 @@ void caching_allocator::update_config(const allocator_config& config) {
   config.validate();
   allocator_config next = config;  // copied before the lock: nothing below throws once state changes
   std::lock_guard<adaptive_mutex> lock(mutex_);
+  flush_recent_locked();
   config_.check_run_time_update(next);
 
   // As at construction, a device without virtual memory keeps plain
@@ -677,6 +780,7 @@ void caching_allocator::recount_oversize_locked() {
 void caching_allocator::begin_allocate_to_pool(pool_id id, stream_filter filter) {
   if (id == 0) throw usage_error("streamalloc: private pool id 0 is reserved for the default pool");
   std::lock_guard<adaptive_mutex> lock(mutex_);
+  flush_recent_locked();
   ++private_pools_.try_emplace(id, &set_nodes_, config_.min_block_bytes).first->second.use_count;
   captures_.push_back({id, std::move(filter)});
   capture_count_.store(static_cast<int>(captures_.size()), std::memory_order_release);
@@ -684,6 +788,7 @@ void caching_allocator::begin_allocate_to_pool(pool_id id, stream_filter filter)
 
 void caching_allocator::end_allocate_to_pool(pool_id id) {
   locked_call call(*this);
+  flush_recent_locked();
   auto it = std::find_if(captures_.begin(), captures_.end(), [&](const capture& c) { return c.id == id; });
   if (it == captures_.end()) throw usage_error("streamalloc: no allocation to private pool " + std::to_string(id) + " is underway");
   captures_.erase(it);
@@ -693,6 +798,7 @@ void caching_allocator::end_allocate_to_pool(pool_id id) {
 
 void caching_allocator::release_pool(pool_id id) {
   locked_call call(*this);
+  flush_recent_locked();
   auto it = private_pools_.find(id);
   if (it == private_pools_.end() || it->second.use_count == 0) {
     throw usage_error("streamalloc: private pool " + std::to_string(id) + " is not in use");
@@ -803,13 +909,21 @@ const free_block_index& caching_allocator::pool_for_locked(pool_id pool, bool sm
 
 device_stats caching_allocator::stats() const {
   std::lock_guard<adaptive_mutex> lock(mutex_);
+  flush_recent_locked();
   device_stats out = stats_;
   fill_fragmentation_locked(&out);
   return out;
 }
 
+caching_allocator::usage caching_allocator::current_usage() const {
+  std::lock_guard<adaptive_mutex> lock(mutex_);
+  return usage{at(stats_.allocation, stat_type::all).current, at(stats_.allocated_bytes, stat_type::all).current,
+               at(stats_.requested_bytes, stat_type::all).current, stats_.num_cross_stream_reuses};
+}
+
 void caching_allocator::reset_peak_stats() {
   std::lock_guard<adaptive_mutex> lock(mutex_);
+  flush_recent_locked();
   for (stat_array* array : {&stats_.allocation, &stats_.segment, &stats_.active, &stats_.inactive_split,
                             &stats_.allocated_bytes, &stats_.reserved_bytes, &stats_.active_bytes,
                             &stats_.inactive_split_bytes, &stats_.requested_bytes}) {
@@ -821,6 +935,7 @@ void caching_allocator::reset_peak_stats() {
 
 void caching_allocator::reset_accumulated_stats() {
   std::lock_guard<adaptive_mutex> lock(mutex_);
+  flush_recent_locked();
   for (stat_array* array : {&stats_.allocation, &stats_.segment, &stats_.active, &stats_.inactive_split,
                             &stats_.allocated_bytes, &stats_.reserved_bytes, &stats_.active_bytes,
                             &stats_.inactive_split_bytes, &stats_.requested_bytes}) {
@@ -834,6 +949,7 @@ void caching_allocator::reset_accumulated_stats() {
   stats_.num_device_alloc = 0;
   stats_.num_device_free = 0;
   stats_.num_cross_stream_reuses = 0;
+  stats_.num_recent_reuses = 0;
 }
 
 template <typename fn>
@@ -865,6 +981,7 @@ void caching_allocator::fill_fragmentation_locked(device_stats* out) const {
 
 void caching_allocator::cache_info(std::size_t* largest_free_bytes, std::size_t* total_free_bytes) const {
   std::lock_guard<adaptive_mutex> lock(mutex_);
+  flush_recent_locked();
   device_stats scratch;
   fill_fragmentation_locked(&scratch);
   if (largest_free_bytes != nullptr) *largest_free_bytes = static_cast<std::size_t>(scratch.largest_free_block_bytes);
@@ -873,6 +990,7 @@ void caching_allocator::cache_info(std::size_t* largest_free_bytes, std::size_t*
 
 allocator_snapshot caching_allocator::snapshot() const {
   std::lock_guard<adaptive_mutex> lock(mutex_);
+  flush_recent_locked();
   allocator_snapshot out;
   out.segments.reserve(segments_.size());
   for (const auto& [address, s] : segments_) {
@@ -1017,6 +1135,9 @@ void caching_allocator::delete_block_locked(block* b) {
 //   intact links, each block is kept under its own stream and size, counts
 //   add up, and no block is kept twice.
 // - Pending-event counts match the outstanding events.
+// - The blocks marked recent are exactly the recent frees: freed, with no
+//   pending events or stream uses, in the default pool, inactive, outside
+//   the free sets and apart from coalescing (Note [recent frees]).
 // - Every stat's current value equals a recount from the blocks.
 
 void caching_allocator::validate() const {
@@ -1033,6 +1154,7 @@ void caching_allocator::validate() const {
   };
   std::vector<physical_handle> mapped_chunks;
   std::size_t unmapped_blocks = 0;
+  std::size_t recent_blocks = 0;
   for (const auto& [address, s] : segments_) {
     if (address != s->address) fail("segment map key differs from segment address");
     if (s->first == nullptr || s->first->prev != nullptr) fail("segment does not start with a first block");
@@ -1070,11 +1192,17 @@ void caching_allocator::validate() const {
         bump(recount.requested_bytes, s, static_cast<std::int64_t>(b->requested_size));
         if (policy_.is_oversize(b->size)) ++recount.oversize_allocations.current;
       }
-      if (!b->is_free()) {
+      if (!b->is_free() && !b->recent) {
         bump(recount.active, s, 1);
         bump(recount.active_bytes, s, size);
       }
       if (b->pending_events > 0) pending_from_blocks += b->pending_events;
+      if (b->recent) {
+        ++recent_blocks;
+        if (b->allocated || b->pending_events != 0 || !b->stream_uses.empty() || s->pool != 0) {
+          fail("a recent free is allocated, pending, used by other streams or outside the default pool");
+        }
+      }
       if (b->is_free()) {
         ++free_blocks;
         if (s->free_set != &pool_for_locked(s->pool, s->is_small)) fail("segment points at another pool's free set");
@@ -1118,6 +1246,10 @@ void caching_allocator::validate() const {
   if (std::adjacent_find(mapped_chunks.begin(), mapped_chunks.end()) != mapped_chunks.end()) fail("a chunk is mapped twice");
   if (static_cast<std::int64_t>(mapped_chunks.size()) != stats_.mapped_chunks.current) fail("mapped_chunks stat");
   if (allocated_.size() != allocated_blocks) fail("pointer map holds blocks that are not allocated");
+  if (recent_.size() != recent_blocks) fail("recent frees and blocks marked recent differ in number");
+  for (std::size_t i = 0; i < recent_.size(); ++i) {
+    if (!recent_.at(i)->recent) fail("a recent free is not marked recent");
+  }
 
   std::int64_t outstanding = static_cast<std::int64_t>(deferred_frees_.size() + awaiting_device_sync_.size());
   for (const auto& [stream, queue] : pending_) outstanding += static_cast<std::int64_t>(queue.size());

@@ -138,6 +138,7 @@ void caching_allocator::empty_cache(pool_id id) {
     return;
   }
   locked_call call(*this);
+  flush_recent_locked();
   // As empty_cache(): a capture may neither synchronize nor free memory.
   if (capture_count_.load(std::memory_order_relaxed) != 0) return;
   auto it = private_pools_.find(id);

@@ -86,6 +86,10 @@ struct block {
   bool mapped = true;
   bool counted_inactive_split = false;  // contributes to inactive_split stats
   int pending_events = 0;               // > 0: pending free
+  // Freed but kept whole among the allocator's recent frees (Note [recent
+  // frees]): inactive, yet not free to its neighbours, until it is taken
+  // back or returned to its pool.
+  bool recent = false;
   std::vector<stream_handle> stream_uses;
   // Where the block sits in its pool's free_block_index while free, so
   // leaving it needs no search: its links in its size class, or its node in
@@ -93,7 +97,7 @@ struct block {
   heap_links free_links;
   free_block_tree::iterator tree_position;
 
-  bool is_free() const { return !allocated && pending_events == 0; }
+  bool is_free() const { return !allocated && pending_events == 0 && !recent; }
   // A free block whose memory can be reused or coalesced.
   bool is_free_mapped() const { return is_free() && mapped; }
   // Shares its (mapped part of a) segment with other blocks.

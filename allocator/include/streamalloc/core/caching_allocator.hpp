@@ -25,6 +25,7 @@
 #include "streamalloc/core/event_pool.hpp"
 #include "streamalloc/core/free_block_index.hpp"
 #include "streamalloc/core/pool_checkpoint.hpp"
+#include "streamalloc/core/recent_frees.hpp"
 #include "streamalloc/core/segment_source.hpp"
 #include "streamalloc/core/size_policy.hpp"
 #include "streamalloc/core/snapshot.hpp"
@@ -143,6 +144,16 @@ class caching_allocator {
 
   // --- introspection ---
   device_stats stats() const;
+  // The counters that recent frees (Note [recent frees]) never hold back,
+  // read without returning them to their pools as stats() does, so a
+  // caller that polls between allocations leaves the cache as it is.
+  struct usage {
+    std::int64_t allocations = 0;  // allocation.all.current
+    std::int64_t allocated_bytes = 0;
+    std::int64_t requested_bytes = 0;
+    std::int64_t cross_stream_reuses = 0;
+  };
+  usage current_usage() const;
   void reset_peak_stats();
   void reset_accumulated_stats();
   allocator_snapshot snapshot() const;
@@ -287,6 +298,11 @@ class caching_allocator {
   }
   void take_block_locked(block* b, std::size_t rounded, std::size_t requested);
   void return_to_pool_locked(block* b);
+  void release_to_pool_locked(block* b);
+  void deactivate_locked(block* b);
+  void keep_recent_locked(block* b);
+  block* take_recent_locked(const free_block_index& free_set, std::size_t rounded, stream_handle stream, bool small);
+  void flush_recent_locked() const;
   void insert_free_locked(block* b);
   void erase_free_locked(block* b);
   void process_events_locked();
@@ -398,6 +414,11 @@ class caching_allocator {
   // successful device synchronization.
   std::vector<block*> awaiting_device_sync_;
   address_map allocated_;
+  // Note [recent frees]: default-pool blocks freed last, kept whole for a
+  // request of the same size and stream. Mutable: a const reader (stats,
+  // snapshot) returns them to their pools first, which changes nothing a
+  // caller can observe.
+  mutable recent_frees recent_;
   std::map<std::uintptr_t, segment*> segments_;
   // Outstanding events per stream, in record order: a stream's events
   // complete in order, so polling stops at the first unfinished one.

@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <iterator>
 #include <limits>
 #include <memory>
 #include <string>
@@ -38,6 +39,10 @@ class free_block_index {
   // Best fit on `stream`: the smallest block of at least `bytes`, the
   // lowest address among blocks of that size; nullptr if none.
   block* best_fit(stream_handle stream, std::size_t bytes) const;
+  // Best fit on `stream` as if `skip`, a block of this index on `stream`,
+  // were not here: the next block in (size, address) order when `skip` is
+  // the best fit, without a walk.
+  block* best_fit_besides(stream_handle stream, std::size_t bytes, const block* skip) const;
   // The first block of `stream` of at least `bytes`, in (size, address)
   // order, that `accept` takes; nullptr if none.
   template <typename fn>
@@ -224,6 +229,26 @@ inline block* free_block_index::best_fit(stream_handle stream, std::size_t bytes
       if (c < k_classes) return heap_of(*s, c);
     }
   }
+  return tree_.empty() ? nullptr : best_in_tree(stream, bytes);
+}
+
+inline block* free_block_index::best_fit_besides(stream_handle stream, std::size_t bytes, const block* skip) const {
+  block* best = best_fit(stream, bytes);
+  if (best != skip) return best;
+  const std::size_t c = class_of(skip->size);
+  if (c >= k_classes) {
+    auto it = std::next(skip->tree_position);
+    return it != tree_.end() && it->stream == stream ? it->b : nullptr;
+  }
+  // skip is its class's root, the lowest address there; the next lowest is
+  // the lowest of its children.
+  block* next = nullptr;
+  for (block* child = skip->free_links.child; child != nullptr; child = child->free_links.next) {
+    if (next == nullptr || child->address < next->address) next = child;
+  }
+  if (next != nullptr) return next;
+  const std::size_t after = next_class(*bins_of(stream), c + 1);
+  if (after < k_classes) return heap_of(*bins_of(stream), after);
   return tree_.empty() ? nullptr : best_in_tree(stream, bytes);
 }
 
