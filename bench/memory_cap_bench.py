@@ -12,7 +12,7 @@ every one in its own process (bench/python_bench.py's modes):
                importable (PYTHONPATH)
 
     python bench/memory_cap_bench.py [--workload llama|gpt2] [--cap-gib 20] \\
-        [--modes native,streamalloc] [--json FILE]
+        [--modes native,streamalloc] [--parts ramp,time,pair] [--json FILE]
 
 The workload is a training loop whose sequence length changes from step to
 step: the HF Llama of bench/workloads/hf_llama_train.py (about 160M
@@ -45,29 +45,56 @@ round starts at the second mode named, each later round one mode further
 on, so no mode always runs first. torch reports those counters as zero
 under cudaMallocAsync, which keeps none: they read n/a there.
 
+Part 3, two processes on one GPU (`--parts pair`, not run unless asked
+for): per mode, two processes of that mode train at once on one GPU,
+without a cap, on what a ballast leaves free. This shows the cost of
+memory a process keeps reserved but unused: a caching allocator frees its
+own cache on a failed allocation (a retry), never the other process's, so
+one process's cache can starve the other. Before the two start, a ballast
+process (torch's native allocator, in a process of its own) reads the
+device's free memory with torch.cuda.mem_get_info() and allocates all but
+--pair-gib GiB (default twice --cap-gib: the two capped processes' total),
+and holds it until both have ended; it is killed whatever happens. The two
+processes' CUDA contexts come out of those GiB too. Each builds its model
+(seed --seed and --seed + 1), waits until the other has built its own (a
+barrier), and runs part 2's loop at --pair-batch (default: --batch, or
+else the largest batch every mode fitted in part 1): --warmup steps, the
+longest length first, then --steps timed steps, starting no step once it
+has run --time-limit seconds. Each reports the steps it completed, its
+first torch.OutOfMemoryError (then it stops and exits), the median and p90
+of its timed steps, and, over all its steps, the counters and the peak
+reserved and allocated memory, and the device's free memory when its steps
+start and after its warm-up. A row per mode: whether both finished, each
+one's steps, the first out-of-memory error, each one's median step time,
+retries and peak reserved memory, and what the ballast left free.
+
 Prints a markdown table per part, a row per mode, and with --json writes
 every result. Exits non-zero when a process failed or overran its time;
 an out-of-memory error is a result, not a failure.
 
 With `--device cpu --tiny` the same code runs on the CPU with a tiny model,
-which checks the script without a GPU: no cap applies there, the modes only
-name the processes, and --fake-oom-batch N raises torch.OutOfMemoryError at
-every batch >= N in place of a real one.
+which checks the script without a GPU: no cap applies there, part 3 has no
+ballast, the modes only name the processes, and --fake-oom-batch N raises
+torch.OutOfMemoryError at every batch >= N in place of a real one.
 """
 
 import argparse
 import json
 import os
 import random
+import subprocess
 import sys
+import tempfile
 import time
 
-from _driver import TORCH_MODE_BACKEND, run_worker
+from _driver import TORCH_MODE_BACKEND, mode_env, run_worker
 from python_bench import summarize
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MODES = ["native", "expandable", "cuda_async", "streamalloc"]
-PARTS = ["ramp", "time"]
+PARTS = ["ramp", "time", "pair"]
+DEFAULT_PARTS = ["ramp", "time"]  # pair runs when asked for
+PAIR_NAMES = "AB"  # part 3's two processes
 # Sequence lengths (min, max) and the longest the model takes, as the
 # workload scripts run them; the tiny models' for --tiny.
 WORKLOADS = {
@@ -78,6 +105,8 @@ WORKLOADS = {
 COUNTERS = ("num_alloc_retries", "num_device_alloc", "num_device_free")
 # A worker may overrun --time-limit by the batch in flight and its exit.
 WORKER_GRACE_S = 60
+# The longest part 3's ballast may take to start and allocate.
+BALLAST_START_S = 120
 
 
 def log(message):
@@ -114,11 +143,12 @@ class session:
         total = None
         if self.cuda:
             total = torch.cuda.mem_get_info()[1]
-            self.cap = int(args.cap_gib * 2**30)
-            if self.cap > total:
-                raise SystemExit(f"memory_cap_bench: --cap-gib {args.cap_gib} is over the device's "
-                                 f"{total / 2**30:.1f} GiB")
-            torch.cuda.set_per_process_memory_fraction(self.cap / total)
+            if args.part != "pair":  # part 3's processes share the device uncapped
+                self.cap = int(args.cap_gib * 2**30)
+                if self.cap > total:
+                    raise SystemExit(f"memory_cap_bench: --cap-gib {args.cap_gib} is over the device's "
+                                     f"{total / 2**30:.1f} GiB")
+                torch.cuda.set_per_process_memory_fraction(self.cap / total)
             self.backend = torch.cuda.get_allocator_backend()
             expected = TORCH_MODE_BACKEND.get(mode)
             if expected is not None and self.backend != expected:
@@ -206,6 +236,10 @@ class session:
                 pass
         return {"peak_reserved": None, "peak_allocated": None}
 
+    def free(self):
+        """The device's free bytes (all processes'), None on the CPU."""
+        return self.torch.cuda.mem_get_info()[0] if self.cuda else None
+
     def lengths(self, rng, count):
         return [rng.randint(self.args.min_len, self.args.max_len) for _ in range(count)]
 
@@ -264,14 +298,101 @@ class session:
         return {"batch": args.batch, "lengths": lengths, "samples": times, "ms_per_step": summarize(times),
                 "counters": {k: after[k] - before[k] for k in after if k in before}, **self.peaks()}
 
+    def barrier(self):
+        """Part 3: says this process is ready (a file ready.INDEX in
+        --barrier) and waits for the driver's file `go`, written once both
+        processes are ready (or one has ended), or until --time-limit."""
+        args = self.args
+        open(os.path.join(args.barrier, f"ready.{args.pair_index}"), "w").close()
+        start = time.perf_counter()
+        go = os.path.join(args.barrier, "go")
+        released = True
+        while not os.path.exists(go):
+            if time.perf_counter() - self.started > args.time_limit:
+                released = False
+                break
+            time.sleep(0.005)
+        return {"waited_s": round(time.perf_counter() - start, 3), "released": released}
+
+    def paired(self):
+        """Part 3, one of the two processes: after the barrier, part 2's
+        loop at --pair-batch until the first out-of-memory error or
+        --time-limit; counters and peaks over all its steps."""
+        args = self.args
+        rng = random.Random(args.seed)
+        lengths = [args.max_len] + self.lengths(rng, args.warmup + args.steps - 1)
+        result = {"batch": args.pair_batch, "name": PAIR_NAMES[args.pair_index], "seed": args.seed,
+                  "barrier": self.barrier()}
+        self.synchronize()
+        self.reset_peaks()
+        before = self.counters()
+        result.update(free_at_start=self.free(), free_after_warmup=None)
+        go = time.perf_counter()
+        times, oom, stopped, completed = [], None, "done", 0
+        for i, length in enumerate(lengths):
+            if time.perf_counter() - self.started > args.time_limit:
+                stopped = "time limit"
+                break
+            if i == args.warmup:
+                result["free_after_warmup"] = self.free()
+            start = time.perf_counter()
+            try:
+                self.checked_step(args.pair_batch, length)
+                self.synchronize()
+            except self.torch.OutOfMemoryError as error:
+                oom = {"step": i, "length": length, "s": round(time.perf_counter() - go, 3),
+                       "message": str(error).splitlines()[0]}
+                stopped = "oom"
+                break
+            if i >= args.warmup:
+                times.append((time.perf_counter() - start) * 1e3)
+            completed = i + 1
+        after = self.counters()
+        result.update(steps=completed, planned_steps=len(lengths), stopped=stopped, oom=oom,
+                      lengths=lengths[:completed], samples=times, ms_per_step=summarize(times),
+                      counters={k: after[k] - before[k] for k in after if k in before},
+                      loop_s=round(time.perf_counter() - go, 3), **self.peaks())
+        return result
+
 
 def worker(mode, out_path, args):
     s = session(mode, args)
-    where = f"allocator backend {s.backend}, cap {args.cap_gib:g} GiB" if s.cuda else "on the CPU, no cap"
+    if not s.cuda:
+        where = "on the CPU, no cap"
+    elif args.part == "pair":
+        where = f"allocator backend {s.backend}, no cap, process {PAIR_NAMES[args.pair_index]} of two"
+    else:
+        where = f"allocator backend {s.backend}, cap {args.cap_gib:g} GiB"
     log(f"mode {mode}, part {args.part}: torch {s.header['torch']}, {where}")
-    result = {**s.header, **(s.ramp() if args.part == "ramp" else s.timed())}
+    body = {"ramp": s.ramp, "time": s.timed, "pair": s.paired}[args.part]()
+    result = {**s.header, **body}
     with open(out_path, "w") as f:
         json.dump(result, f, indent=1)
+
+
+def ballast(keep, out_path):
+    """Part 3's ballast process: allocates, through torch's native
+    allocator, all but `keep` bytes of what the device has free, writes
+    what it did to out_path, and holds the memory until its stdin closes
+    (or it is killed)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        raise SystemExit("memory_cap_bench: the ballast sees no CUDA device")
+    free, total = torch.cuda.mem_get_info()
+    size = max(0, free - keep) // 2**21 * 2**21  # the native allocator's 2 MiB rounding
+    held = torch.empty(size, dtype=torch.uint8, device="cuda") if size else None
+    torch.cuda.synchronize()
+    left = torch.cuda.mem_get_info()[0]
+    info = {"keep_bytes": keep, "free_before": free, "device_total_bytes": total, "ballast_bytes": size,
+            "free_after": left, "short": free < keep, "allocator_backend": torch.cuda.get_allocator_backend()}
+    with open(out_path + ".tmp", "w") as f:
+        json.dump(info, f)
+    os.replace(out_path + ".tmp", out_path)
+    log(f"ballast: {size / 2**30:.2f} GiB held, {left / 2**30:.2f} GiB of {total / 2**30:.1f} GiB left free"
+        + (f" (fewer than the {keep / 2**30:.2f} GiB asked for were free)" if free < keep else ""))
+    sys.stdin.read()  # until the driver closes the pipe or ends
+    del held
 
 
 # ---------------------------------------------------------------- driver
@@ -289,6 +410,89 @@ def run_part(part, orders, args, passthrough):
             result["wall_s"] = round(time.perf_counter() - start, 1)
             results[mode].append(result)
     return results
+
+
+def start_ballast(args, tmp):
+    """Starts part 3's ballast and waits until it holds its memory;
+    returns (process, its report or {"error"}). The caller stops it."""
+    out_path = os.path.join(tmp, "ballast.json")
+    keep = int(args.pair_gib * 2**30)
+    command = [sys.executable, os.path.abspath(__file__), "--ballast", str(keep), "--out", out_path]
+    proc = subprocess.Popen(command, env=mode_env("native"), stdin=subprocess.PIPE, stdout=sys.stderr)
+    deadline = time.perf_counter() + BALLAST_START_S
+    while not os.path.exists(out_path):
+        if proc.poll() is not None:
+            return proc, {"error": f"ballast failed (exit status {proc.returncode})"}
+        if time.perf_counter() > deadline:
+            return proc, {"error": f"ballast did not start in {BALLAST_START_S} s"}
+        time.sleep(0.05)
+    with open(out_path) as f:
+        return proc, json.load(f)
+
+
+def stop(proc):
+    """Ends a process we started (nothing when it has ended)."""
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait()
+
+
+def run_pair(mode, args, passthrough):
+    """Part 3 in `mode`: the ballast (on a GPU), then the two processes
+    at once, their barrier released once both are ready; the ballast and
+    any process still running are killed on the way out, whatever
+    happened."""
+    result = {"mode": mode, "ballast": None}
+    start = time.perf_counter()
+    held, procs = None, []
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            if args.device == "cuda":
+                held, result["ballast"] = start_ballast(args, tmp)
+                if "error" in result["ballast"]:
+                    return {**result, "error": result["ballast"]["error"]}
+            go = os.path.join(tmp, "go")
+            for i, name in enumerate(PAIR_NAMES):
+                out_path = os.path.join(tmp, f"{name}.json")
+                command = [sys.executable, os.path.abspath(__file__), "--worker", mode, "--out", out_path,
+                           "--part", "pair", *passthrough, f"--seed={args.seed + i}", f"--pair-index={i}",
+                           f"--barrier={tmp}"]
+                procs.append(subprocess.Popen(command, env=mode_env(mode), stdout=sys.stderr))
+            launched = time.perf_counter()
+            deadline = launched + args.time_limit + WORKER_GRACE_S
+            ended = [None] * len(procs)
+            while None in ended and time.perf_counter() < deadline:
+                for i, proc in enumerate(procs):
+                    if ended[i] is None and proc.poll() is not None:
+                        ended[i] = time.perf_counter()
+                if not os.path.exists(go) and all(
+                        ended[i] is not None or os.path.exists(os.path.join(tmp, f"ready.{i}"))
+                        for i in range(len(procs))):
+                    open(go, "w").close()
+                    log(f"pair, mode {mode}: both processes ready, go")
+                time.sleep(0.01)
+            workers = []
+            for i, (name, proc) in enumerate(zip(PAIR_NAMES, procs)):
+                out_path = os.path.join(tmp, f"{name}.json")
+                if ended[i] is None:
+                    stop(proc)
+                    r = {"error": f"worker timed out after {args.time_limit + WORKER_GRACE_S:.0f} s"}
+                elif proc.returncode == 0 and os.path.exists(out_path):
+                    with open(out_path) as f:
+                        r = json.load(f)
+                else:
+                    r = {"error": f"worker failed (exit status {proc.returncode})"}
+                r.update(name=name, wall_s=round((ended[i] or time.perf_counter()) - launched, 1))
+                workers.append(r)
+            result["workers"] = workers
+        finally:
+            for proc in procs:
+                stop(proc)
+            if held is not None:
+                stop(held)
+                log(f"pair, mode {mode}: ballast released")
+    result["wall_s"] = round(time.perf_counter() - start, 1)
+    return result
 
 
 def merge_rounds(mode, rounds):
@@ -367,17 +571,55 @@ def print_time(results, args):
                   f"{fmt_gib(r['peak_reserved'])} | {fmt_gib(r['peak_allocated'])} |")
 
 
+def pair_cells(w):
+    """One part-3 process's cells: stopped, steps, median ms, retries,
+    peak reserved GiB."""
+    if "error" in w:
+        return [f"failed: {w['error']}", "n/a", "n/a", "n/a", "n/a"]
+    ms = w["ms_per_step"]
+    return [w["stopped"], f"{w['steps']}", "n/a" if ms is None else f"{ms['median']:.2f}",
+            fmt_count(w["counters"], "num_alloc_retries"), fmt_gib(w["peak_reserved"])]
+
+
+def print_pair(results, args):
+    where = (f"on what a ballast left of the GPU (--pair-gib {args.pair_gib:g}), no cap" if args.device == "cuda"
+             else "on the CPU, no ballast")
+    print(f"### Two processes of a mode at once, batch {args.pair_batch} each, {where} ({args.workload}, "
+          f"{args.warmup} warm-up then {args.steps} timed steps each, lengths {args.min_len}..{args.max_len}; "
+          f"A / B: each process's, counters and peaks over all its steps)")
+    print()
+    print("| mode | both finished | steps A / B | first OOM | median ms A / B | alloc retries A / B | "
+          "peak reserved GiB A / B | free at start GiB | process s |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for mode in args.modes:
+        r = results[mode]
+        if "error" in r:
+            print(f"| {mode} | failed: {r['error']} |" + " |" * 7)
+            continue
+        a, b = (pair_cells(w) for w in r["workers"])
+        finished = "yes" if a[0] == b[0] == "done" else f"no (A {a[0]}, B {b[0]})"
+        ooms = [w for w in r["workers"] if w.get("oom")]
+        first = min(ooms, key=lambda w: w["oom"]["s"], default=None)
+        oom = f"{first['name']}, step {first['oom']['step']} (length {first['oom']['length']})" if first else "-"
+        free = fmt_gib(r["ballast"]["free_after"]) if r["ballast"] else "n/a"
+        print(f"| {mode} | {finished} | {a[1]} / {b[1]} | {oom} | {a[2]} / {b[2]} | {a[3]} / {b[3]} | "
+              f"{a[4]} / {b[4]} | {free} | {r['wall_s']} |")
+
+
 def parse_args():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workload", choices=sorted(WORKLOADS), default="llama", help="model trained (default llama)")
     parser.add_argument("--cap-gib", type=float, default=20.0,
                         help="memory cap in GiB, through set_per_process_memory_fraction (default 20)")
     parser.add_argument("--modes", default=",".join(MODES), help="comma-separated, from: " + ", ".join(MODES))
-    parser.add_argument("--parts", default=",".join(PARTS), help="comma-separated, from: ramp (part 1), time (part 2)")
+    parser.add_argument("--parts", default=",".join(DEFAULT_PARTS),
+                        help="comma-separated, from: ramp (part 1), time (part 2), pair (part 3) "
+                             f"(default {','.join(DEFAULT_PARTS)})")
     parser.add_argument("--json", help="write all results to this file")
     parser.add_argument("--time-limit", type=float, default=120,
-                        help=f"seconds per process: a ramp starts no batch after them, and a process still "
-                             f"running {WORKER_GRACE_S} s later is stopped (default 120)")
+                        help=f"seconds per process: a ramp starts no batch after them, nor a part-3 process "
+                             f"a step, and a process still running {WORKER_GRACE_S} s later is stopped "
+                             f"(default 120)")
     parser.add_argument("--seed", type=int, default=0)
     ramp = parser.add_argument_group("part 1, the largest batch")
     ramp.add_argument("--batch-step", type=int, default=1, help="the grid's step and first batch (default 1)")
@@ -388,6 +630,10 @@ def parse_args():
     timed.add_argument("--warmup", type=int, default=3, help="untimed steps first (default 3)")
     timed.add_argument("--steps", type=int, default=20, help="timed steps (default 20)")
     timed.add_argument("--rounds", type=int, default=1, help="processes per mode, in rotated order (default 1)")
+    pair = parser.add_argument_group("part 3, two processes on one GPU")
+    pair.add_argument("--pair-gib", type=float,
+                      help="GiB a ballast leaves free for the two processes (default 2 x --cap-gib)")
+    pair.add_argument("--pair-batch", type=int, help="each process's batch (default: part 2's batch rule)")
     lengths = parser.add_argument_group("sequence lengths (defaults: the workload script's)")
     lengths.add_argument("--min-len", type=int)
     lengths.add_argument("--max-len", type=int)
@@ -399,7 +645,12 @@ def parse_args():
     parser.add_argument("--worker", choices=MODES, help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     parser.add_argument("--part", choices=PARTS, help=argparse.SUPPRESS)
+    parser.add_argument("--pair-index", type=int, choices=range(len(PAIR_NAMES)), help=argparse.SUPPRESS)
+    parser.add_argument("--barrier", help=argparse.SUPPRESS)
+    parser.add_argument("--ballast", type=int, metavar="KEEP_BYTES", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.ballast is not None:
+        return args
 
     workload = WORKLOADS[args.workload]
     default_min, default_max = workload["tiny_lengths" if args.tiny else "lengths"]
@@ -431,16 +682,26 @@ def parse_args():
         (args.max_len <= positions, f"--max-len must be at most {positions}, the model's positions"),
         (args.fake_oom_batch is None or args.device == "cpu", "--fake-oom-batch needs --device cpu"),
         (args.fake_oom_batch is None or args.fake_oom_batch >= 1, "--fake-oom-batch must be at least 1"),
-        (args.batch is not None or "ramp" in args.parts, "--parts time without ramp needs --batch"),
+        (args.batch is not None or "ramp" in args.parts or "time" not in args.parts,
+         "--parts time without ramp needs --batch"),
+        (args.pair_gib is None or args.pair_gib > 0, "--pair-gib must be positive"),
+        (args.pair_batch is None or args.pair_batch >= 1, "--pair-batch must be at least 1"),
+        (args.pair_batch is not None or args.batch is not None or "ramp" in args.parts or "pair" not in args.parts,
+         "--parts pair without ramp needs --pair-batch (or --batch)"),
     ]
     for ok, message in checks:
         if not ok:
             parser.error(message)
+    if args.pair_gib is None:
+        args.pair_gib = 2 * args.cap_gib
     return args
 
 
 def main():
     args = parse_args()
+    if args.ballast is not None:
+        ballast(args.ballast, args.out)
+        return 0
     if args.worker:
         worker(args.worker, args.out, args)
         return 0
@@ -454,7 +715,8 @@ def main():
     if args.fake_oom_batch:
         passthrough.append(f"--fake-oom-batch={args.fake_oom_batch}")
     report = {"tool": "memory_cap_bench", "args": {k: v for k, v in vars(args).items()
-                                                   if k not in ("worker", "out", "part")}}
+                                                   if k not in ("worker", "out", "part", "pair_index", "barrier",
+                                                                "ballast")}}
     failed = False
     if "ramp" in args.parts:
         ramp = {mode: rounds[0] for mode, rounds in run_part("ramp", [args.modes], args, passthrough).items()}
@@ -479,6 +741,21 @@ def main():
             report["batch"] = args.batch
             print_time(timed, args)
             failed = failed or any("error" in r for r in timed.values())
+    if "pair" in args.parts:
+        if "ramp" in args.parts or "time" in args.parts:
+            print()
+        args.pair_batch = args.batch if args.pair_batch is None else args.pair_batch
+        if args.pair_batch < 1:
+            print("### Two processes at once: not run, no batch fitted in every mode of part 1")
+        else:
+            pair = {}
+            for mode in args.modes:
+                log(f"pair: running mode {mode}, two processes")
+                pair[mode] = run_pair(mode, args, [*passthrough, f"--pair-batch={args.pair_batch}"])
+            report["pair"] = pair
+            report["pair_batch"] = args.pair_batch
+            print_pair(pair, args)
+            failed = failed or any("error" in r or any("error" in w for w in r["workers"]) for r in pair.values())
     sys.stdout.flush()
     if args.json:
         with open(args.json, "w") as f:
