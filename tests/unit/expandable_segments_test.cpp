@@ -206,6 +206,40 @@ TEST_CASE("expandable: stitching waits for the streams that used the donor block
   for (void* p : {big, kept1, kept2}) f.alloc.free(p);
 }
 
+TEST_CASE("expandable: a chunk free across blocks of two streams is stitched", "[expandable]") {
+  // Note [free runs]: [a: 1 MiB, s1][b: 1 MiB, s2][kept: 2 MiB], a and b
+  // freed. No single free block holds a whole chunk, but the first chunk
+  // is wholly free.
+  sim_fixture f(vmm_device(80_GiB, /*manual_events=*/true));
+  void* a = f.alloc.allocate(1_MiB, f.s1);
+  void* b = f.alloc.allocate(1_MiB, f.s1);
+  void* kept = f.alloc.allocate(2_MiB, f.s1);
+  f.alloc.free(b);
+  b = f.alloc.allocate(1_MiB, f.s2);  // s1's free block, handed to s2
+  REQUIRE(addr(b) == addr(a) + 1_MiB);
+  REQUIRE(addr(kept) == addr(a) + 2_MiB);
+  // Kernels on both streams still use the blocks when they are freed.
+  f.sim.touch(f.s1, a, 1_MiB);
+  f.sim.touch(f.s2, b, 1_MiB);
+  f.alloc.free(a);
+  f.alloc.free(b);
+  f.check_consistent();
+  REQUIRE(reserved(f) == static_cast<std::int64_t>(4_MiB));
+
+  const std::size_t syncs_before = f.sim.counters().event_syncs;
+  void* big = f.alloc.allocate(2_MiB, f.s1);
+  f.check_consistent();
+  // The chunk moved instead of a new one being made, after both streams
+  // that last used it finished.
+  CHECK(reserved(f) == static_cast<std::int64_t>(4_MiB));
+  CHECK(f.stats().num_stitched_blocks == 1);
+  CHECK(f.sim.counters().event_syncs == syncs_before + 2);
+  CHECK(f.sim.counters().unsafe_unmaps == 0);
+  CHECK(f.sim.live_touches() == 0);
+  for (void* p : {big, kept}) f.alloc.free(p);
+  f.check_consistent();
+}
+
 TEST_CASE("expandable: blocks with pending stream uses never donate chunks", "[expandable]") {
   sim_fixture f(vmm_device(80_GiB, /*manual_events=*/true));
   void* hole = f.alloc.allocate(4_MiB, f.s1);

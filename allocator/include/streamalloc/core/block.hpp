@@ -23,7 +23,8 @@
 //   the whole range and each is either mapped or unmapped. The range and
 //   its chunks are an expandable_range (expandable_range.hpp).
 // - chunk: the unit of physical memory mapped into an expandable segment.
-//   An idle chunk lies wholly inside one free mapped block.
+//   An idle chunk lies wholly inside free mapped memory: one free block,
+//   or adjacent free blocks of several streams (Note [free runs]).
 // - stitching: unmapping idle chunks from free holes and mapping them
 //   where a request needs memory (Note [stitching]).
 #pragma once

@@ -273,7 +273,11 @@ class caching_allocator {
   segment* reserve_range_locked(std::size_t rounded, bool small);
   std::size_t steal_idle_chunks_locked(std::size_t wanted, const placement& where, std::vector<physical_handle>* out);
   std::size_t idle_chunks(const block* b) const;
-  std::size_t unmap_idle_chunks_locked(block* b, std::size_t max_chunks, std::vector<physical_handle>* keep);
+  std::size_t idle_chunks_in(const segment* s, std::uintptr_t from, std::uintptr_t to) const;
+  // Unmaps up to `max_chunks` idle chunks from the end of the run of free
+  // blocks `first`..`last` (Note [free runs]).
+  std::size_t unmap_idle_chunks_locked(block* first, block* last, std::size_t max_chunks,
+                                       std::vector<physical_handle>* keep);
   status map_chunks_locked(block* target, const std::vector<physical_handle>& handles, std::size_t stolen);
   // The statistics of `chunks` chunks just mapped into, or unmapped from, `s`.
   void count_maps_locked(const segment* s, std::size_t chunks);
