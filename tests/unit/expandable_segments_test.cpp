@@ -94,7 +94,7 @@ TEST_CASE("expandable: small requests share chunks of their own range", "[expand
   f.check_consistent();
 }
 
-TEST_CASE("expandable: mid-size requests go to the large pool, plain segments keep 1 MiB", "[expandable]") {
+TEST_CASE("expandable: mid-size requests, plain segments keep 1 MiB", "[expandable]") {
   allocator_config plain;
   plain.expandable_segments = false;
   sim_fixture expandable(vmm_device());
@@ -103,19 +103,45 @@ TEST_CASE("expandable: mid-size requests go to the large pool, plain segments ke
     const device_stats st = f.stats();
     return std::pair<std::int64_t, std::int64_t>{small_pool(st.allocated_bytes), large_pool(st.allocated_bytes)};
   };
-  for (sim_fixture* f : {&expandable, &plain_segments}) {
-    void* at_limit = f->alloc.allocate(384_KiB, f->s1);
-    void* above = f->alloc.allocate(384_KiB + 512, f->s1);
-    void* one_mib = f->alloc.allocate(1_MiB, f->s1);
-    f->check_consistent();
-    const std::int64_t mid = static_cast<std::int64_t>(384_KiB + 512 + 1_MiB);
-    if (f == &expandable) {
-      CHECK(pool_bytes(*f) == std::pair<std::int64_t, std::int64_t>{384_KiB, mid});
-    } else {
-      CHECK(pool_bytes(*f) == std::pair<std::int64_t, std::int64_t>{384_KiB + mid, 0});
-    }
-    for (void* p : {at_limit, above, one_mib}) f->alloc.free(p);
+  using bytes_pair = std::pair<std::int64_t, std::int64_t>;
+  const auto mib = [](double v) { return static_cast<std::int64_t>(v * static_cast<double>(1_MiB)); };
+
+  // Plain segments: everything up to 1 MiB is small.
+  {
+    sim_fixture& f = plain_segments;
+    void* at_limit = f.alloc.allocate(384_KiB, f.s1);
+    void* above = f.alloc.allocate(384_KiB + 512, f.s1);
+    void* one_mib = f.alloc.allocate(1_MiB, f.s1);
+    f.check_consistent();
+    CHECK(pool_bytes(f) == bytes_pair{384_KiB + 384_KiB + 512 + 1_MiB, 0});
+    for (void* p : {at_limit, above, one_mib}) f.alloc.free(p);
   }
+
+  // Expandable segments, Note [mid-size requests].
+  sim_fixture& f = expandable;
+  // A stream with no memory in the pool: a small chunk, as torch would.
+  void* first = f.alloc.allocate(1_MiB, f.s1);
+  CHECK(pool_bytes(f) == bytes_pair{mib(1), 0});
+  void* big = f.alloc.allocate(4_MiB, f.s1);  // two whole chunks: no large free block
+  CHECK(pool_bytes(f) == bytes_pair{mib(1), mib(4)});
+  // No large free block fits, a small one does.
+  void* mid = f.alloc.allocate(512_KiB, f.s1);
+  CHECK(pool_bytes(f) == bytes_pair{mib(1.5), mib(4)});
+  // Neither fits: the stream holds memory, so the large range grows.
+  void* mid2 = f.alloc.allocate(768_KiB, f.s1);
+  CHECK(pool_bytes(f) == bytes_pair{mib(1.5), mib(4.75)});
+  // Both fit: the large free block (the rest of the last chunk) first.
+  f.alloc.free(mid);
+  void* mid3 = f.alloc.allocate(512_KiB, f.s1);
+  CHECK(pool_bytes(f) == bytes_pair{mib(1), mib(5.25)});
+  CHECK(addr(mid3) == addr(mid2) + 768_KiB);
+  // 384 KiB is small whatever the large pool holds.
+  void* at_limit = f.alloc.allocate(384_KiB, f.s1);
+  CHECK(pool_bytes(f) == bytes_pair{mib(1.375), mib(5.25)});
+  f.check_consistent();
+  for (void* p : {first, big, mid2, mid3, at_limit}) f.alloc.free(p);
+  f.check_consistent();
+
   // A graph-capture pool is made of plain segments: 1 MiB limit there too.
   expandable.alloc.begin_allocate_to_pool(3, [&](stream_handle s) { return s == expandable.s2; });
   void* captured = expandable.alloc.allocate(1_MiB, expandable.s2);
@@ -209,8 +235,11 @@ TEST_CASE("expandable: stitching waits for the streams that used the donor block
 TEST_CASE("expandable: a chunk free across blocks of two streams is stitched", "[expandable]") {
   // Note [free runs]: [a: 1 MiB, s1][b: 1 MiB, s2][kept: 2 MiB], a and b
   // freed. No single free block holds a whole chunk, but the first chunk
-  // is wholly free.
-  sim_fixture f(vmm_device(80_GiB, /*manual_events=*/true));
+  // is wholly free. An explicit small-pool limit keeps the 1 MiB requests
+  // in the large range (no Note [mid-size requests]).
+  allocator_config cfg;
+  cfg.small_request_bytes = allocator_config::k_expandable_small_request_bytes;
+  sim_fixture f(vmm_device(80_GiB, /*manual_events=*/true), cfg);
   void* a = f.alloc.allocate(1_MiB, f.s1);
   void* b = f.alloc.allocate(1_MiB, f.s1);
   void* kept = f.alloc.allocate(2_MiB, f.s1);

@@ -47,7 +47,8 @@ constexpr std::array<corpus_exception, 5> k_corpus_exceptions{{
      "several streams spend the repeat-stitch budget below their peak, then grow with idle chunks cached"},
     {"fsdp2_streams4", 1.035,
      "at its peak the free memory lies in pieces smaller than a chunk beside stitching's holes, on four streams"},
-    {"hf_generate_dynamic", 1.045,
+    // 1.0292 since Note [mid-size requests] (1.0433 before): ceiling lowered from 1.045.
+    {"hf_generate_dynamic", 1.035,
      "a 0.6 GB workload whose free memory ends in pieces smaller than a 2 MiB chunk (KV caches grown by one token)"},
     {"hf_generate_static", 1.045, "the same with static caches"},
 }};

@@ -28,7 +28,8 @@
 // unmapped stretch; no large request fits there, so the large pool of
 // expandable segments also takes mid-size requests (above 384 KiB by
 // default) to fill them, instead of the small pool growing
-// (allocator_config::small_request_bytes_for).
+// (allocator_config::small_request_bytes_for; the exceptions: Note
+// [mid-size requests] in caching_allocator.cpp).
 //
 // Note [free runs]: stitching takes idle chunks from runs of address-
 // adjacent free blocks, not from single blocks. Free neighbours of two
@@ -88,11 +89,10 @@ void caching_allocator::init_expandable_locked() {
   }
 }
 
-block* caching_allocator::grow_expandable_locked(std::size_t rounded, stream_handle stream, bool may_stitch) {
+block* caching_allocator::grow_expandable_locked(std::size_t rounded, stream_handle stream, bool small, bool may_stitch) {
   // Beyond the cap nothing can serve it (and chunk arithmetic stays far
   // from overflow).
   if (rounded > allowed_bytes_) return nullptr;
-  const bool small = policy_.in_small_pool(rounded, 0);  // only the default pool expands
   const free_block_index& unmapped = small ? unmapped_.small : unmapped_.large;
   placement where = place_locked(unmapped, rounded, stream);
   if (where.target == nullptr) {

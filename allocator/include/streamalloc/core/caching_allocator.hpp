@@ -260,13 +260,18 @@ class caching_allocator {
   // handing `b` to `stream` would make (0: it would not go straight back).
   int hand_backs_locked(const block* b, stream_handle stream) const;
   bool garbage_collection_due_locked() const;
-  block* grow_locked(std::size_t rounded, stream_handle stream, pool_id pool);
+  block* grow_locked(std::size_t rounded, stream_handle stream, pool_id pool, bool small);
   // Growth through whichever kind of segment `pool` uses.
-  block* grow_any_locked(std::size_t rounded, stream_handle stream, pool_id pool, bool may_stitch);
+  // `small`: the pool (small or large free blocks) the new segment or
+  // chunks join.
+  block* grow_any_locked(std::size_t rounded, stream_handle stream, pool_id pool, bool small, bool may_stitch);
   bool uses_expandable(pool_id pool) const { return pool == 0 && expandable_; }
+  // Whether any mapped block of `pool`, free or in use, belongs to `stream`
+  // (Note [mid-size requests]).
+  bool stream_holds_memory_locked(stream_handle stream, pool_id pool) const;
 
   // --- expandable segments and stitching (expandable_segments.cpp) ---
-  block* grow_expandable_locked(std::size_t rounded, stream_handle stream, bool may_stitch);
+  block* grow_expandable_locked(std::size_t rounded, stream_handle stream, bool small, bool may_stitch);
   bool stitching_wanted_locked(std::size_t chunks, std::size_t rounded) const;
   void count_stitch_locked(std::size_t rounded);
   placement place_locked(const free_block_index& unmapped, std::size_t rounded, stream_handle stream) const;

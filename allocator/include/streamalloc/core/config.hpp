@@ -71,7 +71,8 @@ struct allocator_config {
   // segments. Auto: PyTorch's 1 MiB for plain segments; with expandable
   // segments, k_expandable_small_request_bytes (or min_block_bytes if that is
   // larger), so that mid-size blocks go to the large pool, where they fill
-  // the partly used chunks at the ends of mapped runs (Note [stitching]).
+  // the partly used chunks at the ends of mapped runs (Note [stitching]);
+  // the default pool's exceptions: Note [mid-size requests].
   std::size_t small_request_bytes_for(bool expandable) const;
   static constexpr std::size_t k_plain_small_request_bytes = 1_MiB;
   static constexpr std::size_t k_expandable_small_request_bytes = 384_KiB;

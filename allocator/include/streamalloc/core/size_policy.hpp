@@ -28,6 +28,13 @@ class size_policy {
   bool in_small_pool(std::size_t rounded, pool_id pool) const {
     return rounded <= (pool == 0 ? default_pool_small_bytes_ : plain_small_bytes_);
   }
+  // Whether a request of `rounded` bytes that in_small_pool sends to the
+  // large free blocks is one plain segments would keep small: only the
+  // default pool with expandable segments and small_size_kb:auto has such
+  // mid-size requests (caching_allocator, Note [mid-size requests]).
+  bool is_mid_size(std::size_t rounded, pool_id pool) const {
+    return pool == 0 && rounded > default_pool_small_bytes_ && rounded <= plain_small_bytes_;
+  }
   // Size of the plain segment to create for a rounded request; false on overflow.
   bool segment_size(std::size_t rounded, std::size_t* out) const;
   // Whether a block of `block_size` serving `rounded` leaves a remainder
