@@ -132,6 +132,7 @@ void* caching_allocator::allocate_locked(std::size_t bytes, stream_handle stream
       if (!pending_.empty()) process_events_locked();
       if (block* b = take_recent_locked(free_set, rounded, stream, small)) {
         ++stats_.num_recent_reuses;
+        recent_.count_hit();
         mark_allocated_locked(b, bytes);
         return reinterpret_cast<void*>(b->address);
       }
@@ -449,7 +450,7 @@ void caching_allocator::free(void* ptr) {
   unmark_allocated_locked(b);
 
   if (b->stream_uses.empty()) {
-    if (b->owner->pool == 0 && capture_count_.load(std::memory_order_relaxed) == 0) {
+    if (b->owner->pool == 0 && capture_count_.load(std::memory_order_relaxed) == 0 && recent_.keep_next()) {
       keep_recent_locked(b);
     } else {
       return_to_pool_locked(b);
@@ -574,7 +575,10 @@ void caching_allocator::deactivate_locked(block* b) {
 // the free, as without them; only the inactive-split counts wait for the
 // return (readers flush first, so they see them right), and the cumulative
 // inactive-split counters miss the merge and split a reuse skips. Blocks
-// with stream uses, and blocks of private pools, return as before.
+// with stream uses, and blocks of private pools, return as before. A
+// workload whose requests rarely repeat a size would pay a little for
+// keeping and gain nothing, so keeping pauses while few kept blocks come
+// back (recent_frees::keep_next).
 void caching_allocator::keep_recent_locked(block* b) {
   deactivate_locked(b);
   b->recent = true;

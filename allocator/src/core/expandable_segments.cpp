@@ -240,8 +240,8 @@ std::size_t caching_allocator::steal_idle_chunks_locked(std::size_t wanted, cons
   // The blocks next to the target must keep their shape: an unmapped piece
   // beside the target would merge into it.
   const block* keep[] = {where.prefix, where.target->prev, where.target->next};
-  const auto donor = [&](const block* b) {
-    return b != nullptr && b->is_free_mapped() && std::find(std::begin(keep), std::end(keep), b) == std::end(keep);
+  const auto donor = [&keep](const block* b) {
+    return b != nullptr && b->is_free_mapped() && b != keep[0] && b != keep[1] && b != keep[2];
   };
   // Donors are runs of adjacent free blocks, whatever their streams (Note
   // [free runs]).
@@ -259,6 +259,11 @@ std::size_t caching_allocator::steal_idle_chunks_locked(std::size_t wanted, cons
       block* last = b;
       while (donor(last->next)) last = last->next;
       const std::uintptr_t end = last->address + last->size;
+      // A run shorter than a chunk cannot hold one.
+      if (end - b->address < s->range->chunk_bytes()) {
+        b = last;
+        continue;
+      }
       if (const std::size_t idle = idle_chunks_in(s, b->address, end); idle != 0) {
         donors.push_back({b, last, end - b->address, idle});
       }

@@ -15,6 +15,29 @@ namespace streamalloc {
 class recent_frees {
  public:
   static constexpr std::size_t k_capacity = 8;
+  // Keeping costs a little on every free and pays only when requests of
+  // the same size follow; a workload whose requests rarely repeat a size
+  // gets the plain path: after every k_sample_keeps frees kept, fewer than
+  // one in k_min_hit_share taken back pauses keeping for k_pause_frees
+  // frees, after which it is sampled again.
+  static constexpr std::size_t k_sample_keeps = 64;
+  static constexpr std::size_t k_min_hit_share = 8;
+  static constexpr std::size_t k_pause_frees = 1024;
+
+  // Whether this free should be kept; counts it when so.
+  bool keep_next() {
+    if (paused_ != 0) {
+      --paused_;
+      return false;
+    }
+    if (++kept_ == k_sample_keeps) {
+      if (hits_ * k_min_hit_share < kept_) paused_ = k_pause_frees;
+      kept_ = 0;
+      hits_ = 0;
+    }
+    return true;
+  }
+  void count_hit() { ++hits_; }
 
   bool empty() const { return count_ == 0; }
   std::size_t size() const { return count_; }
@@ -64,6 +87,9 @@ class recent_frees {
  private:
   std::array<block*, k_capacity> blocks_{};
   std::size_t count_ = 0;
+  std::size_t kept_ = 0;    // frees kept in this sample
+  std::size_t hits_ = 0;    // of them (or earlier ones) taken back
+  std::size_t paused_ = 0;  // frees left to pass by
 };
 
 }  // namespace streamalloc
