@@ -119,7 +119,7 @@ TEST_CASE("expandable: mid-size requests, plain segments keep 1 MiB", "[expandab
 
   // Expandable segments, Note [mid-size requests].
   sim_fixture& f = expandable;
-  // A stream with no memory in the pool: a small chunk, as torch would.
+  // A stream without a free small block: a small chunk, as torch would.
   void* first = f.alloc.allocate(1_MiB, f.s1);
   CHECK(pool_bytes(f) == bytes_pair{mib(1), 0});
   void* big = f.alloc.allocate(4_MiB, f.s1);  // two whole chunks: no large free block
@@ -127,7 +127,7 @@ TEST_CASE("expandable: mid-size requests, plain segments keep 1 MiB", "[expandab
   // No large free block fits, a small one does.
   void* mid = f.alloc.allocate(512_KiB, f.s1);
   CHECK(pool_bytes(f) == bytes_pair{mib(1.5), mib(4)});
-  // Neither fits: the stream holds memory, so the large range grows.
+  // Neither fits: the stream has a free small block, so the large range grows.
   void* mid2 = f.alloc.allocate(768_KiB, f.s1);
   CHECK(pool_bytes(f) == bytes_pair{mib(1.5), mib(4.75)});
   // Both fit: the large free block (the rest of the last chunk) first.

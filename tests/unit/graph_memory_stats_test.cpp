@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "streamalloc/core/caching_allocator.hpp"
 #include "streamalloc/util/bytes.hpp"
@@ -131,5 +132,42 @@ TEST_CASE("graph memory stats: a 1 MiB input shares its small chunk with the RNG
   CHECK(large_pool(f.stats().reserved_bytes) == 0);
   f.check_consistent();
   for (void* p : {a, seed, offset}) f.alloc.free(p);
+  f.check_consistent();
+}
+
+TEST_CASE("graph memory stats: the same when the stream holds large blocks", "[private_pool][stats]") {
+  // In a long test run the side stream may still hold memory of earlier
+  // tests; without a free small block it opens a small chunk all the same.
+  sim_fixture f(vmm_device());
+  void* held = f.alloc.allocate(12_MiB, f.s1);
+  void* a = f.alloc.allocate(1_MiB, f.s1);
+  void* seed = f.alloc.allocate(8, f.s1);
+  void* offset = f.alloc.allocate(8, f.s1);
+  const allocator_snapshot snap = f.snapshot();
+  const segment_info* seg = find_segment(snap, addr(a));
+  REQUIRE(seg != nullptr);
+  CHECK(seg->is_small);
+  CHECK(find_segment(snap, addr(seed)) == seg);
+  CHECK(find_segment(snap, addr(offset)) == seg);
+  CHECK(small_pool(f.stats().segment) == 1);
+  f.check_consistent();
+  for (void* p : {held, a, seed, offset}) f.alloc.free(p);
+  f.check_consistent();
+}
+
+TEST_CASE("graph memory stats: a stream with a free small block sends mid-size requests to the large range",
+          "[private_pool][stats]") {
+  sim_fixture f(vmm_device());
+  // One small chunk, 1.5 MiB of it in use: its free rest is too small for
+  // 1 MiB but serves the stream's small requests.
+  std::vector<void*> small;
+  for (int i = 0; i < 6; ++i) small.push_back(f.alloc.allocate(256_KiB, f.s1));
+  REQUIRE(small_pool(f.stats().segment) == 1);
+  void* mid = f.alloc.allocate(1_MiB, f.s1);  // fits nowhere: the large range grows
+  CHECK(!find_segment(f.snapshot(), addr(mid))->is_small);
+  CHECK(small_pool(f.stats().segment) == 1);
+  f.check_consistent();
+  f.alloc.free(mid);
+  for (void* p : small) f.alloc.free(p);
   f.check_consistent();
 }

@@ -210,7 +210,7 @@ constexpr key_handler k_handlers[] = {
      "Requests up to this many KiB are served from the small pool; 'auto' = 1024 (PyTorch's value) for plain "
      "segments and 384 for expandable segments, whose large pool packs mid-size blocks into partly used chunks; "
      "with auto, a mid-size request up to 1024 KiB may still take a small free block when no large one fits, "
-     "or open a small chunk for a stream holding no memory in the pool (default auto).",
+     "or open a small chunk for a stream without a free small block (default auto).",
      [](allocator_config& c, std::string_view v) {
        c.small_request_bytes = v == k_auto_text ? 0 : parse_positive_size("small_size_kb", v, 1_KiB, "KiB");
      },

@@ -266,9 +266,6 @@ class caching_allocator {
   // chunks join.
   block* grow_any_locked(std::size_t rounded, stream_handle stream, pool_id pool, bool small, bool may_stitch);
   bool uses_expandable(pool_id pool) const { return pool == 0 && expandable_; }
-  // Whether any mapped block of `pool`, free or in use, belongs to `stream`
-  // (Note [mid-size requests]).
-  bool stream_holds_memory_locked(stream_handle stream, pool_id pool) const;
 
   // --- expandable segments and stitching (expandable_segments.cpp) ---
   block* grow_expandable_locked(std::size_t rounded, stream_handle stream, bool small, bool may_stitch);
