@@ -269,6 +269,131 @@ TEST_CASE("expandable: a chunk free across blocks of two streams is stitched", "
   f.check_consistent();
 }
 
+// Note [beside the hole]: the free blocks touching the hole a request maps
+// into donate their idle chunks too, all but the chunk touching the hole.
+TEST_CASE("expandable: stitching takes the idle chunks of the free block before the hole it maps into",
+          "[expandable]") {
+  allocator_config cfg;
+  cfg.cross_stream_reuse = false;  // s2's free block must not serve s1 whole
+  sim_fixture f(vmm_device(), cfg);
+  void* a = f.alloc.allocate(2_MiB, f.s1);
+  void* b = f.alloc.allocate(8_MiB, f.s2);
+  REQUIRE(addr(b) == addr(a) + 2_MiB);
+  f.alloc.free(b);  // [a 2 MiB][b 8 MiB free, s2][unmapped tail]
+  REQUIRE(reserved(f) == static_cast<std::int64_t>(10_MiB));
+
+  // The tail is the only place for 8 MiB of s1, and b touches it: three of
+  // b's four chunks move, the one touching the tail stays.
+  void* big = f.alloc.allocate(8_MiB, f.s1);
+  f.check_consistent();
+  CHECK(addr(big) == addr(b) + 8_MiB);
+  CHECK(f.stats().num_stitched_blocks == 1);
+  CHECK(f.stats().num_chunk_unmaps == 3);
+  CHECK(reserved(f) == static_cast<std::int64_t>(12_MiB));  // not 18 MiB
+  for (void* p : {a, big}) f.alloc.free(p);
+  f.check_consistent();
+}
+
+TEST_CASE("expandable: stitching takes the idle chunks of the free block after the hole it maps into",
+          "[expandable]") {
+  allocator_config cfg;
+  cfg.cross_stream_reuse = false;
+  sim_fixture f(vmm_device(), cfg);
+  void* p = f.alloc.allocate(8_MiB, f.s1);
+  void* q = f.alloc.allocate(8_MiB, f.s2);
+  void* r = f.alloc.allocate(2_MiB, f.s1);
+  REQUIRE(addr(q) == addr(p) + 8_MiB);
+  f.alloc.free(p);
+  f.alloc.empty_cache();  // p's chunks go: [hole 8 MiB][q][r]
+  f.alloc.free(q);        // [hole 8 MiB][q 8 MiB free, s2][r]
+  f.alloc.reset_peak_stats();
+  REQUIRE(reserved(f) == static_cast<std::int64_t>(10_MiB));
+
+  // 6 MiB of s1 maps at the hole's front; q gives the three chunks after
+  // its first, which stays mapped beside the hole.
+  void* x = f.alloc.allocate(6_MiB, f.s1);
+  f.check_consistent();
+  CHECK(addr(x) == addr(p));
+  CHECK(f.stats().num_stitched_blocks == 1);
+  CHECK(reserved(f) == static_cast<std::int64_t>(10_MiB));  // not 16 MiB
+  for (void* b : {x, r}) f.alloc.free(b);
+  f.check_consistent();
+}
+
+TEST_CASE("expandable: a request that also takes the free block after its hole keeps all of it", "[expandable]") {
+  sim_fixture f(vmm_device());
+  void* p = f.alloc.allocate(8_MiB, f.s1);
+  void* q = f.alloc.allocate(8_MiB, f.s2);
+  void* r = f.alloc.allocate(2_MiB, f.s1);
+  f.alloc.free(p);
+  f.alloc.empty_cache();
+  f.alloc.free(q);
+  f.alloc.reset_peak_stats();
+
+  // 12 MiB of s2: the whole hole and the front of q, which is s2's. q's
+  // chunks are part of the request, so none of them is a donor: the hole's
+  // four chunks are new.
+  void* y = f.alloc.allocate(12_MiB, f.s2);
+  f.check_consistent();
+  CHECK(addr(y) == addr(p));
+  CHECK(f.stats().num_stitched_blocks == 0);
+  CHECK(reserved(f) == static_cast<std::int64_t>(18_MiB));
+  for (void* b : {y, r}) f.alloc.free(b);
+  f.check_consistent();
+}
+
+// Note [stitch cycles]: one round of the same fragmentation, then `bytes`
+// (level 4 MiB + bytes); true when the request was stitched.
+static bool stitch_round(sim_fixture& f, std::size_t bytes) {
+  const std::int64_t before = f.stats().num_stitched_blocks;
+  const std::vector<void*> kept = make_two_holes(f, f.s1);
+  void* p = f.alloc.allocate(bytes, f.s1);
+  f.check_consistent();
+  const bool stitched = f.stats().num_stitched_blocks == before + 1;
+  f.alloc.free(p);
+  for (void* k : kept) f.alloc.free(k);
+  f.alloc.empty_cache();
+  return stitched;
+}
+
+TEST_CASE("expandable: a stitch that keeps coming back after other stitches grows instead", "[expandable]") {
+  sim_fixture f(vmm_device());
+  // Two stitches take turns, as in a loop whose stitches undo each other.
+  CHECK(stitch_round(f, 8_MiB));
+  CHECK(stitch_round(f, 6_MiB));
+  CHECK(stitch_round(f, 8_MiB));  // back once: stitched
+  CHECK(stitch_round(f, 6_MiB));
+  CHECK_FALSE(stitch_round(f, 8_MiB));  // back again: grows
+  CHECK_FALSE(stitch_round(f, 6_MiB));
+  CHECK(f.stats().reserved_bytes[0].peak == static_cast<std::int64_t>(20_MiB));
+  // Another request size at another level is a new stitch.
+  CHECK(stitch_round(f, 4_MiB + 2_MiB + 2_MiB - 512_KiB));
+}
+
+TEST_CASE("expandable: the same stitch repeated with no other in between keeps stitching", "[expandable]") {
+  // Identical layers, each finding the last one's block taken by smaller
+  // ones, stitch the same request at the same level one after another.
+  sim_fixture f(vmm_device());
+  for (int i = 0; i < 6; ++i) {
+    INFO(i);
+    CHECK(stitch_round(f, 8_MiB));
+  }
+  CHECK(f.stats().reserved_bytes[0].peak == static_cast<std::int64_t>(12_MiB));
+}
+
+TEST_CASE("expandable: the same stitch repeated without end grows after a bounded number", "[expandable]") {
+  // A loop that stitches the same request at the same level in every
+  // iteration would synchronize streams in every iteration; after
+  // k_stitches_per_key stitches it grows instead.
+  sim_fixture f(vmm_device());
+  for (int i = 0; i < caching_allocator::k_stitches_per_key; ++i) {
+    INFO(i);
+    REQUIRE(stitch_round(f, 8_MiB));
+  }
+  CHECK_FALSE(stitch_round(f, 8_MiB));
+  CHECK(f.stats().reserved_bytes[0].peak == static_cast<std::int64_t>(20_MiB));  // grown, as after a cycle
+}
+
 TEST_CASE("expandable: blocks with pending stream uses never donate chunks", "[expandable]") {
   sim_fixture f(vmm_device(80_GiB, /*manual_events=*/true));
   void* hole = f.alloc.allocate(4_MiB, f.s1);

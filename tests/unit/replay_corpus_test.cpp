@@ -40,11 +40,13 @@ struct corpus_exception {
   double ratio_limit;
   const char* reason;
 };
-constexpr std::array<corpus_exception, 5> k_corpus_exceptions{{
-    {"bert_serve", 1.19,
-     "serving at varying levels spends the repeat-stitch budget below its peak, then grows with idle chunks cached"},
-    {"fsdp2_streams2", 1.075,
-     "several streams spend the repeat-stitch budget below their peak, then grow with idle chunks cached"},
+// bert_serve left the list at 1.0157 (1.1855 before) when the repeat-stitch
+// budget gave way to Note [stitch cycles] and stitching took chunks beside
+// the hole (Note [beside the hole]).
+constexpr std::array<corpus_exception, 4> k_corpus_exceptions{{
+    // 1.0277 since Note [stitch cycles] (1.0687 before): ceiling lowered from 1.075.
+    {"fsdp2_streams2", 1.035,
+     "two streams: near its peak, stitches find fewer idle chunks than they need, and the rest is grown"},
     {"fsdp2_streams4", 1.035,
      "at its peak the free memory lies in pieces smaller than a chunk beside stitching's holes, on four streams"},
     // 1.0292 since Note [mid-size requests] (1.0433 before): ceiling lowered from 1.045.

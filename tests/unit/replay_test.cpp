@@ -185,12 +185,12 @@ TEST_CASE("replaying the ResNet-50 trace with expandable segments stays within 1
 // The traces captured on the H200 (tests/data/traces/README.md), replayed
 // with the default settings: peak reserved / peak live bytes, and how often
 // stitching had to synchronize a stream.
-static replay_result replay_captured(const std::string& name) {
+static replay_result replay_captured(const std::string& name, const allocator_config& config = allocator_config{}) {
   const std::string path = STREAMALLOC_TEST_DATA_DIR "/traces/" + name;
   std::vector<trace_file_event> events = load_trace(path);
   sim_backend backend(sim_device(k_h200_bytes));
   remap_streams_to_sim(events, backend);
-  caching_allocator allocator(backend, allocator_config{});
+  caching_allocator allocator(backend, config);
   replay_result result = replay_trace(events, allocator, path);
   REQUIRE_NOTHROW(allocator.validate());
   CHECK(result.peak_allocated_bytes == result.trace_peak_live_bytes);
@@ -216,6 +216,20 @@ TEST_CASE("a fixed-batch training loop stops stitching once it repeats itself", 
   CHECK(result.stitched_blocks > 0);
   CHECK(result.stitched_blocks <= 8);
   CHECK(result.stitch_syncs <= 8);
+}
+
+TEST_CASE("a training loop whose stitches undo each other grows instead after two rounds", "[replay]") {
+  // Note [stitch cycles]: with the small pool taking requests up to 1 MiB
+  // (the plain-segment limit), the same 25 steps stitch the same requests
+  // at the same levels every step: without a bound 176 stitches (7 a
+  // step), ratio 1.0267. Each stitch may come back once; the next time the
+  // loop grows.
+  allocator_config config;
+  config.small_request_bytes = allocator_config::k_plain_small_request_bytes;
+  const replay_result result = replay_captured("resnet50_fixed_batch.trace.csv.gz", config);
+  CHECK(result.stitched_blocks > 0);
+  CHECK(result.stitched_blocks <= 40);
+  CHECK(result.frag_ratio <= 1.025);
 }
 
 TEST_CASE("replay maps trace addresses to allocator pointers across streams", "[replay]") {

@@ -142,6 +142,11 @@ class caching_allocator {
   };
   shareable_range share_range(const void* ptr) const;
 
+  // Note [stitch cycles]: the stitches one request size at one level of
+  // allocated memory may make in all, back to back or not; a bound on the
+  // stream synchronizations one repeating stitch costs.
+  static constexpr int k_stitches_per_key = 64;
+
   // --- introspection ---
   device_stats stats() const;
   // The counters that recent frees (Note [recent frees]) never hold back,
@@ -227,6 +232,7 @@ class caching_allocator {
     block* target = nullptr;
     block* prefix = nullptr;
     std::size_t chunks = 0;  // chunks to map at target's start
+    bool takes_after = false;  // the request also takes the free block after target
   };
 
   // --- trace events (trace_buffer.cpp) ---
@@ -270,15 +276,18 @@ class caching_allocator {
   // --- expandable segments and stitching (expandable_segments.cpp) ---
   block* grow_expandable_locked(std::size_t rounded, stream_handle stream, bool small, bool may_stitch);
   bool stitching_wanted_locked(std::size_t chunks, std::size_t rounded) const;
+  bool stitch_cycle_allows_locked(std::size_t rounded);
+  std::pair<std::int64_t, std::size_t> stitch_key_locked(std::size_t rounded) const;
   void count_stitch_locked(std::size_t rounded);
   placement place_locked(const free_block_index& unmapped, std::size_t rounded, stream_handle stream) const;
   segment* reserve_range_locked(std::size_t rounded, bool small);
   std::size_t steal_idle_chunks_locked(std::size_t wanted, const placement& where, std::vector<physical_handle>* out);
   std::size_t idle_chunks(const block* b) const;
   std::size_t idle_chunks_in(const segment* s, std::uintptr_t from, std::uintptr_t to) const;
-  // Unmaps up to `max_chunks` idle chunks from the end of the run of free
-  // blocks `first`..`last` (Note [free runs]).
-  std::size_t unmap_idle_chunks_locked(block* first, block* last, std::size_t max_chunks,
+  // Unmaps up to `max_chunks` idle chunks lying in [from, to), from its end
+  // backwards, out of the run of free blocks that starts at `first` and
+  // covers that stretch (Note [free runs]).
+  std::size_t unmap_idle_chunks_locked(block* first, std::uintptr_t from, std::uintptr_t to, std::size_t max_chunks,
                                        std::vector<physical_handle>* keep);
   status map_chunks_locked(block* target, const std::vector<physical_handle>& handles, std::size_t stolen);
   // The statistics of `chunks` chunks just mapped into, or unmapped from, `s`.
@@ -397,10 +406,14 @@ class caching_allocator {
   std::size_t range_bytes_ = 0;
   std::vector<int> peers_;
   pool_pair unmapped_{&set_nodes_, config_.min_block_bytes};
-  // Note [stitching]: the highest level of allocated memory a stitch served,
-  // and the stitches since then at levels no higher.
-  std::int64_t stitch_level_ = 0;
-  int repeat_stitches_ = 0;
+  // Note [stitch cycles]: how many separate runs each stitch (a request
+  // size at a level of allocated memory) has made, and the last stitch's.
+  struct stitch_count {
+    int runs = 0;
+    int stitches = 0;
+  };
+  std::map<std::pair<std::int64_t, std::size_t>, stitch_count> stitch_runs_;
+  std::pair<std::int64_t, std::size_t> last_stitch_{-1, 0};
   std::map<pool_id, private_pool> private_pools_;
   std::vector<capture> captures_;
   std::atomic<int> capture_count_{0};
