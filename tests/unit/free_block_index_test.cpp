@@ -1,11 +1,13 @@
 // free_block_index: best fit by size class and by tree, the (stream, size,
-// address) walks, and a randomized run against a std::set of the same keys.
+// address) walks, and a randomized run against a std::set of the same keys
+// (best fit, and best fit besides the best fit).
 #include "streamalloc/core/free_block_index.hpp"
 
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <iterator>
 #include <random>
 #include <set>
 #include <tuple>
@@ -261,6 +263,15 @@ TEST_CASE("free_block_index: randomized operations match an ordered set", "[free
       } else {
         REQUIRE(found != nullptr);
         REQUIRE(key_of(found) == want);
+        // best_fit_besides the best fit: the next key of the stream.
+        const block* second = index.best_fit_besides(stream, bytes, found);
+        const auto next = std::next(reference.find(want));
+        if (next == reference.end() || std::get<0>(*next) != stream) {
+          REQUIRE(second == nullptr);
+        } else {
+          REQUIRE(second != nullptr);
+          REQUIRE(key_of(second) == *next);
+        }
       }
     }
     if (step % 500 == 0) {
