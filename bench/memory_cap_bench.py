@@ -525,50 +525,52 @@ def under(args):
     return f"under a {args.cap_gib:g} GiB cap" if args.device == "cuda" else "on the CPU, no cap"
 
 
-def print_ramp(results, args):
-    print(f"### Largest batch {under(args)} ({args.workload}, grid {args.batch_step}.."
-          f"{args.max_batch} step {args.batch_step}, {args.ramp_steps} steps a batch, lengths "
-          f"{args.min_len}..{args.max_len}, the longest last)")
+def print_table(title, columns, results, args, cells_of):
+    """A markdown table, a row per mode: `columns` after "mode", the cells
+    `cells_of(result)` gives, or the failure of a mode that did not run."""
+    print(title)
     print()
-    print("| mode | largest batch | first OOM | peak reserved GiB | peak allocated GiB | alloc retries | "
-          "device allocs | device frees | process s |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| mode | " + " | ".join(columns) + " |")
+    print("|---" * (len(columns) + 1) + "|")
     for mode in args.modes:
         r = results[mode]
-        if "error" in r:
-            print(f"| {mode} | failed: {r['error']} |" + " |" * 7)
-            continue
+        cells = [f"failed: {r['error']}"] + [""] * (len(columns) - 1) if "error" in r else cells_of(r)
+        print(f"| {mode} | " + " | ".join(cells) + " |")
+
+
+def print_ramp(results, args):
+    def cells(r):
         largest = str(r["largest_batch"])
         if r["stopped"] != "oom":
             largest = f">= {largest} ({r['stopped']})"
         oom = r["first_oom"]
-        where = f"batch {oom['batch']}, length {oom['length']}" if oom else "-"
         c = r["counters"]
-        print(f"| {mode} | {largest} | {where} | {fmt_gib(r['peak_reserved'])} | {fmt_gib(r['peak_allocated'])} | "
-              f"{fmt_count(c, 'num_alloc_retries')} | {fmt_count(c, 'num_device_alloc')} | "
-              f"{fmt_count(c, 'num_device_free')} | {r['wall_s']} |")
+        return [largest, f"batch {oom['batch']}, length {oom['length']}" if oom else "-",
+                fmt_gib(r["peak_reserved"]), fmt_gib(r["peak_allocated"]), fmt_count(c, "num_alloc_retries"),
+                fmt_count(c, "num_device_alloc"), fmt_count(c, "num_device_free"), str(r["wall_s"])]
+
+    print_table(f"### Largest batch {under(args)} ({args.workload}, grid {args.batch_step}.."
+                f"{args.max_batch} step {args.batch_step}, {args.ramp_steps} steps a batch, lengths "
+                f"{args.min_len}..{args.max_len}, the longest last)",
+                ["largest batch", "first OOM", "peak reserved GiB", "peak allocated GiB", "alloc retries",
+                 "device allocs", "device frees", "process s"], results, args, cells)
 
 
 def print_time(results, args):
-    print(f"### Step time at batch {args.batch} {under(args)} ({args.workload}, {args.warmup} "
-          f"warm-up then {args.steps} timed steps, lengths {args.min_len}..{args.max_len}, {args.rounds} "
-          f"round{'s' if args.rounds != 1 else ''}; counters and peaks over the timed steps)")
-    print()
-    print("| mode | median ms | p90 ms | alloc retries | device allocs | device frees | peak reserved GiB | "
-          "peak allocated GiB |")
-    print("|---|---|---|---|---|---|---|---|")
-    for mode in args.modes:
-        r = results[mode]
-        if "error" in r:
-            print(f"| {mode} | failed: {r['error']} |" + " |" * 6)
-        elif "oom" in r:
-            print(f"| {mode} | out of memory at step {r['oom']['step']} (length {r['oom']['length']}) |" + " |" * 6)
-        else:
-            c = r["counters"]
-            ms = r["ms_per_step"]
-            print(f"| {mode} | {ms['median']:.2f} | {ms['p90']:.2f} | {fmt_count(c, 'num_alloc_retries')} | "
-                  f"{fmt_count(c, 'num_device_alloc')} | {fmt_count(c, 'num_device_free')} | "
-                  f"{fmt_gib(r['peak_reserved'])} | {fmt_gib(r['peak_allocated'])} |")
+    def cells(r):
+        if "oom" in r:
+            return [f"out of memory at step {r['oom']['step']} (length {r['oom']['length']})"] + [""] * 6
+        c = r["counters"]
+        ms = r["ms_per_step"]
+        return [f"{ms['median']:.2f}", f"{ms['p90']:.2f}", fmt_count(c, "num_alloc_retries"),
+                fmt_count(c, "num_device_alloc"), fmt_count(c, "num_device_free"), fmt_gib(r["peak_reserved"]),
+                fmt_gib(r["peak_allocated"])]
+
+    print_table(f"### Step time at batch {args.batch} {under(args)} ({args.workload}, {args.warmup} "
+                f"warm-up then {args.steps} timed steps, lengths {args.min_len}..{args.max_len}, {args.rounds} "
+                f"round{'s' if args.rounds != 1 else ''}; counters and peaks over the timed steps)",
+                ["median ms", "p90 ms", "alloc retries", "device allocs", "device frees", "peak reserved GiB",
+                 "peak allocated GiB"], results, args, cells)
 
 
 def pair_cells(w):
@@ -582,28 +584,22 @@ def pair_cells(w):
 
 
 def print_pair(results, args):
-    where = (f"on what a ballast left of the GPU (--pair-gib {args.pair_gib:g}), no cap" if args.device == "cuda"
-             else "on the CPU, no ballast")
-    print(f"### Two processes of a mode at once, batch {args.pair_batch} each, {where} ({args.workload}, "
-          f"{args.warmup} warm-up then {args.steps} timed steps each, lengths {args.min_len}..{args.max_len}; "
-          f"A / B: each process's, counters and peaks over all its steps)")
-    print()
-    print("| mode | both finished | steps A / B | first OOM | median ms A / B | alloc retries A / B | "
-          "peak reserved GiB A / B | free at start GiB | process s |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for mode in args.modes:
-        r = results[mode]
-        if "error" in r:
-            print(f"| {mode} | failed: {r['error']} |" + " |" * 7)
-            continue
+    def cells(r):
         a, b = (pair_cells(w) for w in r["workers"])
-        finished = "yes" if a[0] == b[0] == "done" else f"no (A {a[0]}, B {b[0]})"
         ooms = [w for w in r["workers"] if w.get("oom")]
         first = min(ooms, key=lambda w: w["oom"]["s"], default=None)
-        oom = f"{first['name']}, step {first['oom']['step']} (length {first['oom']['length']})" if first else "-"
-        free = fmt_gib(r["ballast"]["free_after"]) if r["ballast"] else "n/a"
-        print(f"| {mode} | {finished} | {a[1]} / {b[1]} | {oom} | {a[2]} / {b[2]} | {a[3]} / {b[3]} | "
-              f"{a[4]} / {b[4]} | {free} | {r['wall_s']} |")
+        return ["yes" if a[0] == b[0] == "done" else f"no (A {a[0]}, B {b[0]})", f"{a[1]} / {b[1]}",
+                f"{first['name']}, step {first['oom']['step']} (length {first['oom']['length']})" if first else "-",
+                f"{a[2]} / {b[2]}", f"{a[3]} / {b[3]}", f"{a[4]} / {b[4]}",
+                fmt_gib(r["ballast"]["free_after"]) if r["ballast"] else "n/a", str(r["wall_s"])]
+
+    where = (f"on what a ballast left of the GPU (--pair-gib {args.pair_gib:g}), no cap" if args.device == "cuda"
+             else "on the CPU, no ballast")
+    print_table(f"### Two processes of a mode at once, batch {args.pair_batch} each, {where} ({args.workload}, "
+                f"{args.warmup} warm-up then {args.steps} timed steps each, lengths {args.min_len}..{args.max_len}; "
+                f"A / B: each process's, counters and peaks over all its steps)",
+                ["both finished", "steps A / B", "first OOM", "median ms A / B", "alloc retries A / B",
+                 "peak reserved GiB A / B", "free at start GiB", "process s"], results, args, cells)
 
 
 def parse_args():
