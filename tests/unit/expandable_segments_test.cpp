@@ -79,6 +79,22 @@ TEST_CASE("expandable: consecutive allocations pack into one growing range", "[e
   f.alloc.free(again);
 }
 
+TEST_CASE("expandable: a mapped run is reported under its first block's stream", "[expandable]") {
+  // The range was reserved for s1's request; after s1's memory goes back,
+  // the one run left holds s2's block only.
+  sim_fixture f(vmm_device());
+  void* a = f.alloc.allocate(3_MiB, f.s1);
+  void* b = f.alloc.allocate(3_MiB, f.s2);
+  f.alloc.free(a);
+  f.alloc.empty_cache();
+  const allocator_snapshot snap = f.snapshot();
+  REQUIRE(snap.segments.size() == 1);
+  CHECK(snap.segments[0].address == addr(b));
+  CHECK(snap.segments[0].stream == f.s2);
+  f.alloc.free(b);
+  f.check_consistent();
+}
+
 TEST_CASE("expandable: small requests share chunks of their own range", "[expandable]") {
   sim_fixture f(vmm_device());
   std::vector<void*> small;

@@ -617,6 +617,9 @@ void caching_allocator::snapshot_expandable_locked(const segment* s, allocator_s
     }
     segment_info info = snapshot_entry(s);
     info.address = b->address;
+    // A run may hold blocks of several streams; it is reported under its
+    // first block's, not the stream that reserved the range.
+    info.stream = b->stream;
     for (; b != nullptr && b->mapped; b = b->next) {
       append_block_info(b, &info);
       info.total_size += b->size;
