@@ -155,6 +155,57 @@ TEST_CASE("graph memory stats: the same when the stream holds large blocks", "[p
   f.check_consistent();
 }
 
+TEST_CASE("graph memory stats: the same when a free large block of the stream fits the input",
+          "[private_pool][stats]") {
+  // What the H200 showed after the other TestCuda tests: the side stream
+  // holds no memory, but a free block of it of 1 MiB or more outlived
+  // empty_cache beside another stream's tensor in the same chunk. The input
+  // still opens a small chunk, which the holders share. (4 MiB chunks make
+  // room for both in one chunk.)
+  allocator_config cfg;
+  cfg.vmm_chunk_bytes = 4_MiB;
+  sim_fixture f(vmm_device(), cfg);
+  void* other = f.alloc.allocate(1_MiB + 512, f.s2);   // chunk 0; the rest is free, of s2
+  void* borrowed = f.alloc.allocate(2_MiB, f.s1);      // s1 borrows that rest
+  f.alloc.free(borrowed);                              // and leaves it free, of s1
+  f.alloc.empty_cache();                               // chunk 0 stays: `other` lives in it
+  std::size_t largest_free = 0;
+  f.alloc.cache_info(&largest_free, nullptr);
+  REQUIRE(largest_free >= 1_MiB);
+  REQUIRE(small_pool(f.stats().segment) == 0);
+
+  void* a = f.alloc.allocate(1_MiB, f.s1);
+  void* seed = f.alloc.allocate(8, f.s1);
+  void* offset = f.alloc.allocate(8, f.s1);
+  const allocator_snapshot snap = f.snapshot();
+  const segment_info* seg = find_segment(snap, addr(a));
+  REQUIRE(seg != nullptr);
+  CHECK(seg->is_small);
+  CHECK(find_segment(snap, addr(seed)) == seg);
+  CHECK(find_segment(snap, addr(offset)) == seg);
+  CHECK(small_pool(f.stats().segment) == 1);
+  f.check_consistent();
+  for (void* p : {a, seed, offset, other}) f.alloc.free(p);
+  f.check_consistent();
+}
+
+TEST_CASE("graph memory stats: a stream holding memory fills its free large block", "[private_pool][stats]") {
+  // Only a stream that holds nothing opens a small chunk ahead of its
+  // cached large blocks: one holding memory fills the free tail of its
+  // large chunk with a mid-size request, as before.
+  sim_fixture f(vmm_device());
+  void* held = f.alloc.allocate(12_MiB + 512_KiB, f.s1);  // 7 chunks; 1.5 MiB of the last free
+  void* mid = f.alloc.allocate(1_MiB, f.s1);
+  const segment_info* seg = find_segment(f.snapshot(), addr(mid));
+  REQUIRE(seg != nullptr);
+  CHECK(!seg->is_small);
+  CHECK(small_pool(f.stats().segment) == 0);
+  CHECK(large_pool(f.stats().reserved_bytes) == i64(14_MiB));
+  f.check_consistent();
+  for (void* p : {held, mid}) f.alloc.free(p);
+  f.check_consistent();
+}
+
 TEST_CASE("graph memory stats: a stream with a free small block sends mid-size requests to the large range",
           "[private_pool][stats]") {
   sim_fixture f(vmm_device());

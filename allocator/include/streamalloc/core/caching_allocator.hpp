@@ -30,6 +30,7 @@
 #include "streamalloc/core/size_policy.hpp"
 #include "streamalloc/core/snapshot.hpp"
 #include "streamalloc/core/stats.hpp"
+#include "streamalloc/core/stream_counts.hpp"
 #include "streamalloc/core/trace.hpp"
 
 namespace streamalloc {
@@ -438,6 +439,9 @@ class caching_allocator {
   // snapshot) returns them to their pools first, which changes nothing a
   // caller can observe.
   mutable recent_frees recent_;
+  // Note [mid-size requests]: the default pool's active blocks per stream,
+  // so a mid-size request can tell a stream that holds no memory.
+  stream_counts active_by_stream_;
   std::map<std::uintptr_t, segment*> segments_;
   // Outstanding events per stream, in record order: a stream's events
   // complete in order, so polling stops at the first unfinished one.
