@@ -126,7 +126,8 @@ py::dict segment_dict(const segment_info& s) {
 py::dict snapshot_dict(int device) {
   py::list segments;
   for (const segment_info& s : collect_segments(device)) segments.append(segment_dict(s));
-  // streamalloc records no allocation history: one empty trace per device.
+  // One empty trace per device: the memory history goes to torch's
+  // _snapshot() (memory_history.hpp), not to this layout.
   py::list traces;
   for (int d = 0; d < managed_device_count(); ++d) traces.append(py::list());
   py::dict settings;

@@ -203,8 +203,9 @@ def memory_summary(device=None, abbreviated: bool = False) -> str:
 def snapshot(device=None) -> dict:
     """Segments and blocks in the layout of torch.cuda.memory._snapshot():
     {"segments": [...], "device_traces": [[], ...], "allocator_settings": {...}}.
-    With `device` None it covers every device; streamalloc keeps no
-    allocation history, so the traces are empty. While tagging is on
+    With `device` None it covers every device. Its traces are empty: the
+    history recorded with torch.cuda.memory._record_memory_history() is in
+    torch.cuda.memory._snapshot()["device_traces"]. While tagging is on
     (enable_tagging, tag, attribute), every allocated block has a "tag":
     its tag's name, or None when it was not recorded (sampling, or
     allocated before tagging began)."""
