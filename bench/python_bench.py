@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """Python-level allocator benchmark: `torch.empty(n, device="cuda")` + `del`
-per pair, and one training step of GPT-2 small (plain torch, bf16 autocast,
-AdamW) and of torchvision's ResNet-50 (random init, bf16 autocast, SGD),
-each under four allocators, every one in its own process:
+per pair, one training step of GPT-2 small (plain torch, bf16 autocast,
+AdamW) and of torchvision's ResNet-50 (random init, bf16 autocast, SGD), and
+one generation request of GPT-2 small (bf16 weights, greedy, KV caches grown
+by torch.cat one token at a time), each under four allocators, every one in
+its own process:
 
   native       torch's default caching allocator
   expandable   PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
@@ -18,7 +20,7 @@ the modes of each round in a rotated order so that a slow spell of the
 machine does not fall on one mode only, pools the samples of all rounds,
 prints markdown tables (medians, [p10, p90]) and writes JSON.
 
-A training step is timed two ways: each step between two synchronizations
+A training step (or generation request) is timed two ways: each step between two synchronizations
 (the host's launch time counts whenever it exceeds the GPU's), and steps
 issued back to back with one synchronization at the end (what a training
 loop sees). For streamalloc, the allocator's counters of device calls and
@@ -151,6 +153,21 @@ def bench_gpt2(torch, warmup, steps, batch, length):
     return result
 
 
+def bench_gpt2_generate(torch, warmup, steps, batch, prompt_len, new_tokens):
+    sys.path.insert(0, os.path.join(HERE, "workloads"))
+    from gpt2_generate import generate
+    from gpt2_model import gpt2
+
+    torch.manual_seed(0)
+    model = gpt2().to(device="cuda", dtype=torch.bfloat16).eval()
+    prompt = torch.randint(0, model.config.vocab_size, (batch, prompt_len), device="cuda")
+    timing = time_steps(torch, lambda: generate(model, prompt, new_tokens), warmup, steps)
+    result = {**timing, "batch": batch, "seq_len": prompt_len, "new_tokens": new_tokens, "steps": steps,
+              **memory_peaks(torch)}
+    del model, prompt
+    return result
+
+
 def bench_resnet50(torch, warmup, steps, batch):
     import torchvision
 
@@ -208,6 +225,10 @@ def worker(mode, out_path, args):
     reset_memory(torch)
     result["resnet50_train_step"] = bench_resnet50(torch, args.step_warmup, args.steps, args.resnet_batch)
     log(f"resnet50 step: median {result['resnet50_train_step']['ms_per_step']['median']:.2f} ms")
+    reset_memory(torch)
+    result["gpt2_generate"] = bench_gpt2_generate(torch, args.step_warmup, args.steps, args.generate_batch,
+                                                  args.generate_prompt_len, args.generate_new_tokens)
+    log(f"gpt2 generate: median {result['gpt2_generate']['ms_per_step']['median']:.2f} ms")
     with open(out_path, "w") as f:
         json.dump(result, f, indent=1)
 
@@ -215,7 +236,8 @@ def worker(mode, out_path, args):
 # ---------------------------------------------------------------- driver
 
 
-WORKLOADS = [("gpt2_train_step", "GPT-2 small step"), ("resnet50_train_step", "ResNet-50 step")]
+WORKLOADS = [("gpt2_train_step", "GPT-2 small step"), ("resnet50_train_step", "ResNet-50 step"),
+             ("gpt2_generate", "GPT-2 small generate")]
 
 
 def run_workers(args, passthrough):
@@ -329,7 +351,8 @@ def print_tables(results, modes):
             detail = ""
             if with_detail and key in first:
                 w = first[key]
-                detail = f" (batch {w['batch']}" + (f", seq {w['seq_len']}" if "seq_len" in w else "") + f", {w['steps']} steps)"
+                detail = (f" (batch {w['batch']}" + (f", seq {w['seq_len']}" if "seq_len" in w else "")
+                          + (f", {w['new_tokens']} new tokens" if "new_tokens" in w else "") + f", {w['steps']} steps)")
             cells = [fmt(ok[m][key][figure]) if m in ok else "failed" for m in modes]
             row = f"| {name}{detail} | " + " | ".join(cells) + " |"
             if compare:
@@ -338,9 +361,10 @@ def print_tables(results, modes):
                 row += f" {(ours / native - 1) * 100:+.2f}% time |"
             print(row)
 
-    step_table("### One training step (bf16 autocast) between two synchronizations, median [p10, p90]",
+    step_table("### One training step (bf16 autocast) or generation request between two synchronizations, "
+               "median [p10, p90]",
                "ms_per_step", fmt_ms, True)
-    step_table("### Training steps back to back, one synchronization per run of steps: ms per step, median over rounds [min, max]",
+    step_table("### Steps back to back, one synchronization per run of steps: ms per step, median over rounds [min, max]",
                "back_to_back_ms", lambda b: f"{b['median']:.2f} ms [{b['min']:.2f}, {b['max']:.2f}]", False)
     if "streamalloc" in ok:
         print()
@@ -349,7 +373,7 @@ def print_tables(results, modes):
                   f"{name} " + ", ".join(str(sum(d.values())) for d in ok["streamalloc"][key]["slow_path_during_timed_steps"])
                   for key, name in WORKLOADS))
     print()
-    print("### Peak memory of the training steps, GiB reserved / allocated")
+    print("### Peak memory of the steps, GiB reserved / allocated")
     print()
     print("| workload | " + " | ".join(modes) + " |")
     print("|---|" + "---|" * len(modes))
@@ -385,6 +409,9 @@ def main():
     counts.add_argument("--gpt2-batch", type=int, default=8)
     counts.add_argument("--gpt2-seq-len", type=int, default=1024)
     counts.add_argument("--resnet-batch", type=int, default=64)
+    counts.add_argument("--generate-batch", type=int, default=8)
+    counts.add_argument("--generate-prompt-len", type=int, default=256)
+    counts.add_argument("--generate-new-tokens", type=int, default=32)
     args = parser.parse_args()
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
@@ -403,6 +430,8 @@ def main():
         f"--reps={args.reps}", f"--warmup={args.warmup}", f"--iterations={args.iterations}",
         f"--steps={args.steps}", f"--step-warmup={args.step_warmup}", f"--gpt2-batch={args.gpt2_batch}",
         f"--gpt2-seq-len={args.gpt2_seq_len}", f"--resnet-batch={args.resnet_batch}",
+        f"--generate-batch={args.generate_batch}", f"--generate-prompt-len={args.generate_prompt_len}",
+        f"--generate-new-tokens={args.generate_new_tokens}",
     ]
     results = run_workers(args, passthrough)
     print_tables(results, args.modes)
