@@ -95,6 +95,37 @@ TEST_CASE("expandable: a mapped run is reported under its first block's stream",
   f.check_consistent();
 }
 
+TEST_CASE("expandable: a block beside another stream's starts at a chunk boundary when that saves a chunk",
+          "[expandable]") {
+  // Note [chunk-aligned starts]. s2's block P ends 1 MiB into chunk 1; the
+  // free 5 MiB after it goes to s1, whose 4 MiB request would touch chunks
+  // 1-3 at the front of it and touches only chunks 2-3 from the boundary.
+  sim_fixture f(vmm_device());
+  void* p = f.alloc.allocate(3_MiB, f.s2);
+  void* q = f.alloc.allocate(5_MiB, f.s2);  // packs behind p: [3, 8) MiB
+  REQUIRE(addr(q) == addr(p) + 3_MiB);
+  f.alloc.free(q);
+  void* r = f.alloc.allocate(4_MiB, f.s1);  // borrows s2's free block
+  CHECK(addr(r) == addr(p) + 4_MiB);
+  f.check_consistent();
+  // The piece in front stays free, of s1: s1's next 1 MiB request takes it.
+  void* front = f.alloc.allocate(1_MiB, f.s1);
+  CHECK(addr(front) == addr(p) + 3_MiB);
+  for (void* b : {p, r, front}) f.alloc.free(b);
+  f.check_consistent();
+}
+
+TEST_CASE("expandable: beside a block of its own stream a block stays at the front", "[expandable]") {
+  sim_fixture f(vmm_device());
+  void* p = f.alloc.allocate(3_MiB, f.s1);
+  void* q = f.alloc.allocate(5_MiB, f.s1);
+  f.alloc.free(q);
+  void* r = f.alloc.allocate(4_MiB, f.s1);
+  CHECK(addr(r) == addr(p) + 3_MiB);
+  for (void* b : {p, r}) f.alloc.free(b);
+  f.check_consistent();
+}
+
 TEST_CASE("expandable: small requests share chunks of their own range", "[expandable]") {
   sim_fixture f(vmm_device());
   std::vector<void*> small;

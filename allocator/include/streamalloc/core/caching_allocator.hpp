@@ -312,7 +312,8 @@ class caching_allocator {
   std::int64_t mapped_neighbours(const block* left, const block* right) const {
     return (left != nullptr && left->mapped ? 1 : 0) + (right != nullptr && right->mapped ? 1 : 0);
   }
-  void take_block_locked(block* b, std::size_t rounded, std::size_t requested);
+  block* take_block_locked(block* b, std::size_t rounded, std::size_t requested);
+  std::size_t chunk_start_gap(const block* b, std::size_t run, std::size_t rounded) const;
   void return_to_pool_locked(block* b);
   void release_to_pool_locked(block* b);
   void deactivate_locked(block* b);
