@@ -129,6 +129,12 @@ block* free_block_index::best_in_tree(stream_handle stream, std::size_t bytes) c
   return it != tree_.end() && it->stream == stream ? it->b : nullptr;
 }
 
+std::size_t free_block_index::stream_count() const {
+  std::size_t count = 0;
+  for_each_stream([&count](stream_handle) { ++count; });
+  return count;
+}
+
 std::string free_block_index::first_violation() const {
   std::vector<const block*> seen;
   std::vector<const block*> todo;
