@@ -327,30 +327,41 @@ std::size_t caching_allocator::steal_idle_chunks_locked(std::size_t wanted, cons
     std::uintptr_t from;
     std::uintptr_t to;
   };
+  // Every free mapped block of a range is in the default pool's free sets
+  // (recent frees went back to them before the request looked for growth),
+  // so only those are visited, and each run is walked from its first block.
   std::vector<free_run> donors;
-  for (const auto& [address, s] : segments_) {
-    if (!s->expandable()) continue;
-    for (block* b = s->first; b != nullptr; b = b->next) {
-      if (!donor(b)) continue;
-      block* last = b;
-      while (donor(last->next)) last = last->next;
-      const std::uintptr_t end = last->address + last->size;
-      // Note [beside the hole]: a run touching the target keeps the chunk
-      // that touches it. A run shorter than a chunk cannot hold one.
-      const std::size_t chunk = s->range->chunk_bytes();
-      const std::uintptr_t from = b->address + (b->prev == where.target ? chunk : 0);
-      const std::uintptr_t to = end - (last->next == where.target ? chunk : 0);
-      if (from < to && to - from >= chunk) {
-        if (const std::size_t idle = idle_chunks_in(s, from, to); idle != 0) {
-          donors.push_back({b, last, end - b->address, idle, from, to});
-        }
+  const auto add_runs = [&](block* b) {
+    // Most free blocks are runs of their own, smaller than a chunk: the
+    // cheap tests go first.
+    if (b == keep[0] || b == keep[1] || donor(b->prev)) return;
+    const segment* s = b->owner;
+    if (!s->expandable()) return;
+    block* last = b;
+    while (donor(last->next)) last = last->next;
+    const std::uintptr_t end = last->address + last->size;
+    // A run shorter than a chunk cannot hold one; one touching the target
+    // keeps the chunk that touches it (Note [beside the hole]).
+    const std::size_t chunk = s->range->chunk_bytes();
+    if (end - b->address < chunk) return;
+    const std::uintptr_t from = b->address + (b->prev == where.target ? chunk : 0);
+    const std::uintptr_t to = end - (last->next == where.target ? chunk : 0);
+    if (from < to && to - from >= chunk) {
+      if (const std::size_t idle = idle_chunks_in(s, from, to); idle != 0) {
+        donors.push_back({b, last, end - b->address, idle, from, to});
       }
-      b = last;
     }
+  };
+  for (const free_block_index* set : {&default_pool_.small, &default_pool_.large}) {
+    // Free blocks of one stream never touch (they coalesce), so in a set
+    // of one stream every run is one block, and only blocks of a chunk or
+    // more can hold one.
+    set->for_each_unordered(add_runs, set->stream_count() == 1 ? chunk_bytes_ : 0);
   }
   if (donors.empty()) return 0;
   // Small holes first: they are the fragmentation; large free blocks are
-  // the ones later requests can still use whole.
+  // the ones later requests can still use whole. The order is total (no
+  // two runs start at one address), so the visiting order does not matter.
   std::sort(donors.begin(), donors.end(), [](const free_run& a, const free_run& b) {
     return a.bytes != b.bytes ? a.bytes < b.bytes : a.first->address < b.first->address;
   });
