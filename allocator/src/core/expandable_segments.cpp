@@ -245,11 +245,16 @@ void caching_allocator::count_stitch_locked(std::size_t rounded) {
 caching_allocator::placement caching_allocator::place_locked(const free_block_index& unmapped, std::size_t rounded,
                                                              stream_handle stream) const {
   placement best;
-  // The unmapped set is small (range tails and stitched-out holes); the
-  // fewest new chunks wins, then the smallest block (the set's order). A
-  // hole mapped whole also joins the free block of the stream after it, so
-  // mapping it can reunite free space that stitching cut apart.
-  unmapped.for_each([&](block* target) {
+  // The fewest new chunks wins, then the first block in the set's
+  // (stream, size, address) order. A hole mapped whole also joins the free
+  // block of the stream after it, so mapping it can reunite free space
+  // that stitching cut apart. The set holds every hole stitching cut, so
+  // it is visited unsorted.
+  const auto set_order = [](const block* a, const block* b) {
+    return tree_order{}(tree_entry{a->stream, a->size, a->address, nullptr},
+                        tree_entry{b->stream, b->size, b->address, nullptr});
+  };
+  unmapped.for_each_unordered([&](block* target) {
     block* before = target->prev;
     block* after = target->next;
     const bool extend = before != nullptr && before->is_free_mapped() && before->stream == stream && before->size < rounded;
@@ -261,9 +266,9 @@ caching_allocator::placement caching_allocator::place_locked(const free_block_in
       if (!joins) return;
       chunks = target->size / chunk_bytes_;
     }
-    if (best.target == nullptr || chunks < best.chunks) {
-      best = {target, extend ? before : nullptr, chunks, chunks * chunk_bytes_ < missing};
-    }
+    const bool better = best.target == nullptr || chunks < best.chunks ||
+                        (chunks == best.chunks && set_order(target, best.target));
+    if (better) best = {target, extend ? before : nullptr, chunks, chunks * chunk_bytes_ < missing};
   });
   return best;
 }
