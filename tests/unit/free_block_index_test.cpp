@@ -1,6 +1,6 @@
 // free_block_index: best fit by size class and by tree, the (stream, size,
-// address) walks, and a randomized run against a std::set of the same keys
-// (best fit, and best fit besides the best fit).
+// address) walks and the unordered one, and a randomized run against a
+// std::set of the same keys (best fit, and best fit besides the best fit).
 #include "streamalloc/core/free_block_index.hpp"
 
 #include <algorithm>
@@ -47,6 +47,14 @@ key key_of(const block* b) { return {b->stream, b->size, b->address}; }
 std::vector<key> walk_all(const free_block_index& index, std::size_t min_bytes = 0) {
   std::vector<key> out;
   index.for_each([&](const block* b) { out.push_back(key_of(b)); }, min_bytes);
+  return out;
+}
+
+// The blocks for_each_unordered visits, sorted as for_each would give them.
+std::vector<key> walk_unordered(const free_block_index& index, std::size_t min_bytes = 0) {
+  std::vector<key> out;
+  index.for_each_unordered([&](const block* b) { out.push_back(key_of(b)); }, min_bytes);
+  std::sort(out.begin(), out.end());
   return out;
 }
 
@@ -130,10 +138,13 @@ TEST_CASE("free_block_index: walks go in (stream, size, address) order and filte
     if (std::get<1>(k) >= 4_KiB) large.push_back(k);
   }
   CHECK(walk_all(index, 4_KiB) == large);
+  CHECK(walk_unordered(index) == sorted);
+  CHECK(walk_unordered(index, 4_KiB) == large);
 
   std::vector<stream_handle> streams;
   index.for_each_stream([&](stream_handle s) { streams.push_back(s); });
   CHECK(streams == std::vector<stream_handle>{2, 5, 9});
+  CHECK(index.stream_count() == 3);
 
   // The first block of stream 9 from 2 KiB on that is not at 0x1000 nor
   // 0x2000: past two equal sizes, in address order.
@@ -277,6 +288,9 @@ TEST_CASE("free_block_index: randomized operations match an ordered set", "[free
     if (step % 500 == 0) {
       REQUIRE(index.first_violation().empty());
       REQUIRE(walk_all(index) == std::vector<key>(reference.begin(), reference.end()));
+      // Deep heaps by now: every member once, whatever the heap's shape.
+      REQUIRE(walk_unordered(index) == std::vector<key>(reference.begin(), reference.end()));
+      REQUIRE(walk_unordered(index, 64_KiB) == walk_all(index, 64_KiB));
     }
   }
   REQUIRE(index.first_violation().empty());

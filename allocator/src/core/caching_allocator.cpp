@@ -112,16 +112,9 @@ void* caching_allocator::allocate_locked(std::size_t bytes, stream_handle stream
   std::size_t rounded = 0;
   if (!policy_.round(bytes, &rounded)) raise_oom_locked(bytes, stream, pool);
   const bool small = policy_.in_small_pool(rounded, pool);
-  free_block_index& free_set = pool_for_locked(pool, small);
   // Note [mid-size requests]: the small free blocks are searched after the
   // large ones, and growth may go to the small pool.
   const bool mid_size = !small && policy_.is_mid_size(rounded, pool);
-  free_block_index* second_set = mid_size ? &pool_for_locked(pool, true) : nullptr;
-  int grow_small = small ? 1 : -1;  // -1: not decided yet
-  const auto grow = [&](bool may_stitch) {
-    if (grow_small < 0) grow_small = mid_size && second_set->best_fit(stream, 1) == nullptr ? 1 : 0;
-    return grow_any_locked(rounded, stream, pool, grow_small == 1, may_stitch);
-  };
   const bool capturing = capture_count_.load(std::memory_order_relaxed) != 0;
   // Note [mid-size requests]: a stream holding no memory may open a small
   // chunk before any large cached block is looked at.
@@ -129,11 +122,11 @@ void* caching_allocator::allocate_locked(std::size_t bytes, stream_handle stream
 
   // Note [recent frees]: a block of this size freed lately on this stream
   // is taken back whole; on a miss they all return to their pools first,
-  // so the search below sees what it would have seen without them.
+  // so the search sees what it would have seen without them.
   if (!recent_.empty()) {
     if (pool == 0 && !capturing && !opens_small) {
       if (!pending_.empty()) process_events_locked();
-      if (block* b = take_recent_locked(free_set, rounded, stream, small)) {
+      if (block* b = take_recent_locked(pool_for_locked(pool, small), rounded, stream, small)) {
         ++stats_.num_recent_reuses;
         recent_.count_hit();
         mark_allocated_locked(b, bytes);
@@ -142,6 +135,19 @@ void* caching_allocator::allocate_locked(std::size_t bytes, stream_handle stream
     }
     flush_recent_locked();
   }
+  return search_and_grow_locked(bytes, rounded, stream, pool, small, mid_size, capturing, opens_small);
+}
+
+void* caching_allocator::search_and_grow_locked(std::size_t bytes, std::size_t rounded, stream_handle stream,
+                                                pool_id pool, bool small, bool mid_size, bool capturing,
+                                                bool opens_small) {
+  free_block_index& free_set = pool_for_locked(pool, small);
+  free_block_index* second_set = mid_size ? &pool_for_locked(pool, true) : nullptr;
+  int grow_small = small ? 1 : -1;  // -1: not decided yet
+  const auto grow = [&](bool may_stitch) {
+    if (grow_small < 0) grow_small = mid_size && second_set->best_fit(stream, 1) == nullptr ? 1 : 0;
+    return grow_any_locked(rounded, stream, pool, grow_small == 1, may_stitch);
+  };
 
   // Stage 1: reclaim pending frees whose events have completed, so they are
   // coalesced and counted inactive before the search (as PyTorch does).

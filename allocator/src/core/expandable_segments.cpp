@@ -245,11 +245,16 @@ void caching_allocator::count_stitch_locked(std::size_t rounded) {
 caching_allocator::placement caching_allocator::place_locked(const free_block_index& unmapped, std::size_t rounded,
                                                              stream_handle stream) const {
   placement best;
-  // The unmapped set is small (range tails and stitched-out holes); the
-  // fewest new chunks wins, then the smallest block (the set's order). A
-  // hole mapped whole also joins the free block of the stream after it, so
-  // mapping it can reunite free space that stitching cut apart.
-  unmapped.for_each([&](block* target) {
+  // The fewest new chunks wins, then the first block in the set's
+  // (stream, size, address) order. A hole mapped whole also joins the free
+  // block of the stream after it, so mapping it can reunite free space
+  // that stitching cut apart. The set holds every hole stitching cut, so
+  // it is visited unsorted.
+  const auto set_order = [](const block* a, const block* b) {
+    return tree_order{}(tree_entry{a->stream, a->size, a->address, nullptr},
+                        tree_entry{b->stream, b->size, b->address, nullptr});
+  };
+  unmapped.for_each_unordered([&](block* target) {
     block* before = target->prev;
     block* after = target->next;
     const bool extend = before != nullptr && before->is_free_mapped() && before->stream == stream && before->size < rounded;
@@ -261,9 +266,9 @@ caching_allocator::placement caching_allocator::place_locked(const free_block_in
       if (!joins) return;
       chunks = target->size / chunk_bytes_;
     }
-    if (best.target == nullptr || chunks < best.chunks) {
-      best = {target, extend ? before : nullptr, chunks, chunks * chunk_bytes_ < missing};
-    }
+    const bool better = best.target == nullptr || chunks < best.chunks ||
+                        (chunks == best.chunks && set_order(target, best.target));
+    if (better) best = {target, extend ? before : nullptr, chunks, chunks * chunk_bytes_ < missing};
   });
   return best;
 }
@@ -327,30 +332,41 @@ std::size_t caching_allocator::steal_idle_chunks_locked(std::size_t wanted, cons
     std::uintptr_t from;
     std::uintptr_t to;
   };
+  // Every free mapped block of a range is in the default pool's free sets
+  // (recent frees went back to them before the request looked for growth),
+  // so only those are visited, and each run is walked from its first block.
   std::vector<free_run> donors;
-  for (const auto& [address, s] : segments_) {
-    if (!s->expandable()) continue;
-    for (block* b = s->first; b != nullptr; b = b->next) {
-      if (!donor(b)) continue;
-      block* last = b;
-      while (donor(last->next)) last = last->next;
-      const std::uintptr_t end = last->address + last->size;
-      // Note [beside the hole]: a run touching the target keeps the chunk
-      // that touches it. A run shorter than a chunk cannot hold one.
-      const std::size_t chunk = s->range->chunk_bytes();
-      const std::uintptr_t from = b->address + (b->prev == where.target ? chunk : 0);
-      const std::uintptr_t to = end - (last->next == where.target ? chunk : 0);
-      if (from < to && to - from >= chunk) {
-        if (const std::size_t idle = idle_chunks_in(s, from, to); idle != 0) {
-          donors.push_back({b, last, end - b->address, idle, from, to});
-        }
+  const auto add_runs = [&](block* b) {
+    // Most free blocks are runs of their own, smaller than a chunk: the
+    // cheap tests go first.
+    if (b == keep[0] || b == keep[1] || donor(b->prev)) return;
+    const segment* s = b->owner;
+    if (!s->expandable()) return;
+    block* last = b;
+    while (donor(last->next)) last = last->next;
+    const std::uintptr_t end = last->address + last->size;
+    // A run shorter than a chunk cannot hold one; one touching the target
+    // keeps the chunk that touches it (Note [beside the hole]).
+    const std::size_t chunk = s->range->chunk_bytes();
+    if (end - b->address < chunk) return;
+    const std::uintptr_t from = b->address + (b->prev == where.target ? chunk : 0);
+    const std::uintptr_t to = end - (last->next == where.target ? chunk : 0);
+    if (from < to && to - from >= chunk) {
+      if (const std::size_t idle = idle_chunks_in(s, from, to); idle != 0) {
+        donors.push_back({b, last, end - b->address, idle, from, to});
       }
-      b = last;
     }
+  };
+  for (const free_block_index* set : {&default_pool_.small, &default_pool_.large}) {
+    // Free blocks of one stream never touch (they coalesce), so in a set
+    // of one stream every run is one block, and only blocks of a chunk or
+    // more can hold one.
+    set->for_each_unordered(add_runs, set->stream_count() == 1 ? chunk_bytes_ : 0);
   }
   if (donors.empty()) return 0;
   // Small holes first: they are the fragmentation; large free blocks are
-  // the ones later requests can still use whole.
+  // the ones later requests can still use whole. The order is total (no
+  // two runs start at one address), so the visiting order does not matter.
   std::sort(donors.begin(), donors.end(), [](const free_run& a, const free_run& b) {
     return a.bytes != b.bytes ? a.bytes < b.bytes : a.first->address < b.first->address;
   });

@@ -29,9 +29,11 @@
 //   never allocates, even when cross-stream reuse moves a stream's last
 //   block away and back.
 // - Walks in (stream, size, address) order (validate, statistics, the OOM
-//   report, cross-stream borrowing, stitching, placing chunks, releasing
-//   oversize segments) sort each class's heap by address: slower than a
-//   tree walk, and off the hot path.
+//   report, cross-stream borrowing, placing chunks, releasing oversize
+//   segments) sort each class's heap by address: slower than a tree walk,
+//   and off the hot path. The stitch's donor search, which runs on every
+//   stitch and needs no order, walks the heaps as they are
+//   (for_each_unordered).
 #include "streamalloc/core/free_block_index.hpp"
 
 #include <algorithm>
@@ -127,6 +129,12 @@ void free_block_index::insert_in_tree(block* b) {
 block* free_block_index::best_in_tree(stream_handle stream, std::size_t bytes) const {
   auto it = tree_.lower_bound(tree_entry{stream, bytes, 0, nullptr});
   return it != tree_.end() && it->stream == stream ? it->b : nullptr;
+}
+
+std::size_t free_block_index::stream_count() const {
+  std::size_t count = 0;
+  for_each_stream([&count](stream_handle) { ++count; });
+  return count;
 }
 
 std::string free_block_index::first_violation() const {

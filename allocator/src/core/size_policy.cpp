@@ -48,19 +48,4 @@ bool size_policy::segment_size(std::size_t rounded, std::size_t* out) const {
   return round_up_checked(rounded, config_->large_round_bytes, out);
 }
 
-bool size_policy::should_split(std::size_t block_size, std::size_t rounded, bool small, bool expandable) const {
-  const std::size_t remaining = block_size - rounded;
-  if (small || expandable) return remaining >= config_->min_block_bytes;
-  // A large remainder is only worth keeping when it could serve a large
-  // request; smaller leftovers stay attached (counted as allocated).
-  return !is_oversize(rounded) && remaining > plain_small_bytes_;
-}
-
-bool size_policy::may_reuse(std::size_t block_size, std::size_t rounded) const {
-  // Oversize blocks are kept whole for oversize requests only, and not for
-  // one much smaller than the block (that would strand the difference).
-  if (!is_oversize(rounded)) return !is_oversize(block_size);
-  return block_size - rounded < config_->max_non_split_rounding_bytes;
-}
-
 }  // namespace streamalloc

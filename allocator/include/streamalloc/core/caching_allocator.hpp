@@ -257,6 +257,10 @@ class caching_allocator {
   }
 
   void* allocate_locked(std::size_t bytes, stream_handle stream, pool_id pool);
+  // allocate_locked past Note [recent frees]: the search, borrowing, growth
+  // and the OOM ladder, out of line so the recent-free path stays short.
+  void* search_and_grow_locked(std::size_t bytes, std::size_t rounded, stream_handle stream, pool_id pool, bool small,
+                               bool mid_size, bool capturing, bool opens_small);
   block* find_free_block_locked(free_block_index& pool, std::size_t rounded, stream_handle stream);
   // Note [cross-stream reuse]: the best fit among other streams' cached
   // blocks; handing `b` to `stream` through an event (false when the device

@@ -55,6 +55,13 @@ class free_block_index {
   // order. `visit` must not change the index.
   template <typename fn>
   void for_each(fn&& visit, std::size_t min_bytes = 0) const;
+  // Visits the blocks of at least `min_bytes` in no particular order,
+  // without the sorting of for_each and without allocating. `visit` must
+  // not change the index.
+  template <typename fn>
+  void for_each_unordered(fn&& visit, std::size_t min_bytes = 0) const;
+  // How many streams have a block here.
+  std::size_t stream_count() const;
 
   std::size_t size() const { return size_; }
   // The first broken invariant of the index's own structure, or "" if none:
@@ -121,6 +128,9 @@ class free_block_index {
   static void cut(block* b);
   // The members of the heap under `root`, by address.
   static void heap_members(block* root, std::vector<block*>* out);
+  // Visits the members of the heap under `root` in heap order.
+  template <typename fn>
+  static void visit_heap(block* root, fn&& visit);
   // The first tree entry of the next stream after `it`'s.
   free_block_tree::const_iterator next_stream(free_block_tree::const_iterator it) const {
     return tree_.upper_bound(tree_entry{it->stream, std::numeric_limits<std::size_t>::max(),
@@ -299,6 +309,44 @@ void free_block_index::for_each(fn&& visit, std::size_t min_bytes) const {
       return false;
     });
   });
+}
+
+template <typename fn>
+void free_block_index::visit_heap(block* root, fn&& visit) {
+  // Depth first over the child and sibling links; climbing from a last
+  // sibling goes back through its older siblings to the parent (the prev
+  // link of a first child), so no stack is needed.
+  block* b = root;
+  while (true) {
+    visit(b);
+    if (b->free_links.child != nullptr) {
+      b = b->free_links.child;
+      continue;
+    }
+    while (b != root && b->free_links.next == nullptr) {
+      block* up = b->free_links.prev;
+      while (up->free_links.child != b) {
+        b = up;
+        up = up->free_links.prev;
+      }
+      b = up;
+    }
+    if (b == root) return;
+    b = b->free_links.next;
+  }
+}
+
+template <typename fn>
+void free_block_index::for_each_unordered(fn&& visit, std::size_t min_bytes) const {
+  for (const auto& s : streams_) {
+    if (s->blocks == 0) continue;
+    for (std::size_t c = next_class(*s, class_for_request(min_bytes)); c < k_classes; c = next_class(*s, c + 1)) {
+      visit_heap(heap_of(*s, c), visit);
+    }
+  }
+  for (const tree_entry& entry : tree_) {
+    if (entry.size >= min_bytes) visit(entry.b);
+  }
 }
 
 }  // namespace streamalloc

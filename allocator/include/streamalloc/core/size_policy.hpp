@@ -51,4 +51,20 @@ class size_policy {
   std::size_t default_pool_small_bytes_;
 };
 
+// Inline: both run on every allocation served by a recent free.
+inline bool size_policy::should_split(std::size_t block_size, std::size_t rounded, bool small, bool expandable) const {
+  const std::size_t remaining = block_size - rounded;
+  if (small || expandable) return remaining >= config_->min_block_bytes;
+  // A large remainder is only worth keeping when it could serve a large
+  // request; smaller leftovers stay attached (counted as allocated).
+  return !is_oversize(rounded) && remaining > plain_small_bytes_;
+}
+
+inline bool size_policy::may_reuse(std::size_t block_size, std::size_t rounded) const {
+  // Oversize blocks are kept whole for oversize requests only, and not for
+  // one much smaller than the block (that would strand the difference).
+  if (!is_oversize(rounded)) return !is_oversize(block_size);
+  return block_size - rounded < config_->max_non_split_rounding_bytes;
+}
+
 }  // namespace streamalloc
