@@ -116,8 +116,8 @@ TEST_CASE("graph memory stats: torch's deltas for inputs from 512 B to 10 MiB + 
 namespace {
 
 // A 1 MiB input and the two 8-byte RNG holders on stream s1: all three in
-// one small chunk, the only one mapped.
-void check_input_shares_small_chunk_with_holders(sim_fixture& f) {
+// one small chunk (of `chunk` bytes), the only one mapped.
+void check_input_shares_small_chunk_with_holders(sim_fixture& f, std::size_t chunk = 2_MiB) {
   void* a = f.alloc.allocate(1_MiB, f.s1);
   void* seed = f.alloc.allocate(8, f.s1);
   void* offset = f.alloc.allocate(8, f.s1);
@@ -128,7 +128,7 @@ void check_input_shares_small_chunk_with_holders(sim_fixture& f) {
   CHECK(find_segment(snap, addr(seed)) == seg);
   CHECK(find_segment(snap, addr(offset)) == seg);
   CHECK(small_pool(f.stats().segment) == 1);
-  CHECK(small_pool(f.stats().reserved_bytes) == i64(2_MiB));
+  CHECK(small_pool(f.stats().reserved_bytes) == i64(chunk));
   f.check_consistent();
   for (void* p : {a, seed, offset}) f.alloc.free(p);
   f.check_consistent();
@@ -173,19 +173,8 @@ TEST_CASE("graph memory stats: the same when a free large block of the stream fi
   f.alloc.cache_info(&largest_free, nullptr);
   REQUIRE(largest_free >= 1_MiB);
   REQUIRE(small_pool(f.stats().segment) == 0);
-
-  void* a = f.alloc.allocate(1_MiB, f.s1);
-  void* seed = f.alloc.allocate(8, f.s1);
-  void* offset = f.alloc.allocate(8, f.s1);
-  const allocator_snapshot snap = f.snapshot();
-  const segment_info* seg = find_segment(snap, addr(a));
-  REQUIRE(seg != nullptr);
-  CHECK(seg->is_small);
-  CHECK(find_segment(snap, addr(seed)) == seg);
-  CHECK(find_segment(snap, addr(offset)) == seg);
-  CHECK(small_pool(f.stats().segment) == 1);
-  f.check_consistent();
-  for (void* p : {a, seed, offset, other}) f.alloc.free(p);
+  check_input_shares_small_chunk_with_holders(f, 4_MiB);
+  f.alloc.free(other);
   f.check_consistent();
 }
 
