@@ -185,7 +185,8 @@ TEST_CASE("graph memory stats: a stream holding memory fills its free large bloc
   sim_fixture f(vmm_device());
   void* held = f.alloc.allocate(12_MiB + 512_KiB, f.s1);  // 7 chunks; 1.5 MiB of the last free
   void* mid = f.alloc.allocate(1_MiB, f.s1);
-  const segment_info* seg = find_segment(f.snapshot(), addr(mid));
+  const allocator_snapshot snap = f.snapshot();
+  const segment_info* seg = find_segment(snap, addr(mid));
   REQUIRE(seg != nullptr);
   CHECK(!seg->is_small);
   CHECK(small_pool(f.stats().segment) == 0);
