@@ -29,11 +29,11 @@
 //   never allocates, even when cross-stream reuse moves a stream's last
 //   block away and back.
 // - Walks in (stream, size, address) order (validate, statistics, the OOM
-//   report, cross-stream borrowing, placing chunks, releasing oversize
-//   segments) sort each class's heap by address: slower than a tree walk,
-//   and off the hot path. The stitch's donor search, which runs on every
-//   stitch and needs no order, walks the heaps as they are
-//   (for_each_unordered).
+//   report, cross-stream borrowing, releasing oversize segments) sort each
+//   class's heap by address: slower than a tree walk, and off the hot path.
+//   The stitch's donor search and the placement of new chunks, which run
+//   on every stitch or growth and need no order, walk the heaps as they
+//   are (for_each_unordered).
 #include "streamalloc/core/free_block_index.hpp"
 
 #include <algorithm>
