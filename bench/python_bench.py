@@ -20,8 +20,9 @@ the modes of each round in a rotated order so that a slow spell of the
 machine does not fall on one mode only, pools the samples of all rounds,
 prints markdown tables (medians, [p10, p90]) and writes JSON.
 
-A training step (or generation request) is timed two ways: each step between two synchronizations
-(the host's launch time counts whenever it exceeds the GPU's), and steps
+A training step (or generation request) is timed two ways: each step
+between two synchronizations (the host's launch time counts whenever it
+exceeds the GPU's), and steps
 issued back to back with one synchronization at the end (what a training
 loop sees). For streamalloc, the allocator's counters of device calls and
 stream synchronizations during the timed steps are reported too.
