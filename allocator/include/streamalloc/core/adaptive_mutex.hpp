@@ -8,6 +8,8 @@
 
 #include <atomic>
 
+#include "streamalloc/core/lock_profile.hpp"
+
 namespace streamalloc {
 
 class adaptive_mutex {
@@ -17,16 +19,23 @@ class adaptive_mutex {
   adaptive_mutex& operator=(const adaptive_mutex&) = delete;
 
   void lock() {
+    const lock_profile::time_point asked = lock_profile::now();
     int expected = k_unlocked;
-    if (!state_.compare_exchange_strong(expected, k_locked, std::memory_order_acquire, std::memory_order_relaxed)) {
-      lock_contended();
-    }
+    const bool contended =
+        !state_.compare_exchange_strong(expected, k_locked, std::memory_order_acquire, std::memory_order_relaxed);
+    if (contended) lock_contended();
+    profile_.acquired(contended, asked);
   }
   bool try_lock() {
     int expected = k_unlocked;
-    return state_.compare_exchange_strong(expected, k_locked, std::memory_order_acquire, std::memory_order_relaxed);
+    if (!state_.compare_exchange_strong(expected, k_locked, std::memory_order_acquire, std::memory_order_relaxed)) {
+      return false;
+    }
+    profile_.acquired(false, lock_profile::now());
+    return true;
   }
   void unlock() {
+    profile_.releasing();
     if (state_.exchange(k_unlocked, std::memory_order_release) == k_contended) wake_one();
   }
 
@@ -42,6 +51,7 @@ class adaptive_mutex {
   void wake_one();
 
   std::atomic<int> state_{k_unlocked};
+  lock_profile profile_;
 };
 
 }  // namespace streamalloc
