@@ -1,6 +1,7 @@
 // streamalloc-bench adaptor for streamalloc itself: the caching_allocator's
 // direct C++ API over the bench device's backend (cuda_backend on a GPU,
 // sim_backend for --smoke), with nothing between the caller and the calls.
+#include <cstdint>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -24,6 +25,9 @@ class streamalloc_adaptor final : public bench_allocator {
   void end_pattern() override {
     allocator_.validate();
     const device_stats stats = allocator_.stats();
+    device_work_ = describe_work(stats);
+    // A pattern that failed before its timed repetitions counts nothing.
+    timed_ = false;
     const auto live = stats.allocated_bytes[static_cast<int>(stat_type::all)].current;
     if (live != 0) {
       throw std::runtime_error("streamalloc still counts " + std::to_string(live) + " allocated bytes after the pattern");
@@ -35,8 +39,41 @@ class streamalloc_adaptor final : public bench_allocator {
     }
   }
 
+  void timing_starts() override {
+    since_ = allocator_.stats();
+    timed_ = true;
+  }
+
+  std::string device_work() const override { return device_work_; }
+
  private:
+  // The device work counted in `now` since timing started, or "" when none.
+  std::string describe_work(const device_stats& now) const {
+    if (!timed_) return {};
+    const struct {
+      const char* what;
+      std::int64_t count;
+    } counts[] = {
+        {"device allocations", now.num_device_alloc - since_.num_device_alloc},
+        {"device frees", now.num_device_free - since_.num_device_free},
+        {"chunk maps", now.num_chunk_maps - since_.num_chunk_maps},
+        {"chunk unmaps", now.num_chunk_unmaps - since_.num_chunk_unmaps},
+        {"stitch synchronizations", now.num_stitch_syncs - since_.num_stitch_syncs},
+        {"full synchronizations", now.num_sync_all_streams - since_.num_sync_all_streams},
+        {"cross-stream hand-offs", now.num_cross_stream_reuses - since_.num_cross_stream_reuses},
+    };
+    std::string out;
+    for (const auto& c : counts) {
+      if (c.count == 0) continue;
+      out += (out.empty() ? "" : ", ") + std::to_string(c.count) + " " + c.what;
+    }
+    return out;
+  }
+
   caching_allocator allocator_;
+  device_stats since_;  // at timing_starts
+  bool timed_ = false;
+  std::string device_work_;
 };
 
 }  // namespace

@@ -41,6 +41,14 @@ class bench_allocator {
   // throws std::runtime_error if the allocator still counts live memory or
   // its own consistency checks fail.
   virtual void end_pattern() = 0;
+  // Called before a pattern's first timed repetition (after its warm-up).
+  virtual void timing_starts() {}
+  // What the allocator asked of the device during the last pattern's timed
+  // repetitions (device allocations, chunk maps, stream synchronizations,
+  // cross-stream hand-offs), as of end_pattern; "" when none or when it
+  // cannot tell. Such work costs far more than the allocator's own
+  // bookkeeping, so the report names it.
+  virtual std::string device_work() const { return {}; }
 };
 
 class bench_device {

@@ -198,6 +198,7 @@ measurement run_same_size(bench_allocator& allocator, bench_device& device, benc
   const std::size_t pairs = plan.pairs_per_rep;
   std::vector<double> rep_ns;
   for (int rep = 0; rep < plan.warmup_reps + plan.reps; ++rep) {
+    if (rep == plan.warmup_reps) allocator.timing_starts();
     const auto start = clock_type::now();
     for (std::size_t i = 0; i < pairs; ++i) {
       void* ptr = allocator.allocate(bytes, stream);
@@ -225,6 +226,7 @@ measurement run_mixed(bench_allocator& allocator, bench_device& device, bench_st
   std::vector<void*> slots(run.slots, nullptr);
   std::vector<double> rep_ns;
   for (int rep = 0; rep < plan.warmup_reps + plan.reps; ++rep) {
+    if (rep == plan.warmup_reps) allocator.timing_starts();
     const double ns = run_sequence_once(allocator, stream, run, slots);
     device.synchronize();
     if (rep >= plan.warmup_reps) rep_ns.push_back(ns);
@@ -248,6 +250,7 @@ measurement run_threads(bench_allocator& allocator, bench_device& device, const 
 
   std::vector<double> rep_ns;
   for (int rep = 0; rep < plan.warmup_reps + plan.reps; ++rep) {
+    if (rep == plan.warmup_reps) allocator.timing_starts();
     std::atomic<std::size_t> ready{0};
     std::atomic<bool> go{false};
     std::vector<clock_type::time_point> starts(n);
@@ -293,6 +296,7 @@ measurement run_cross_stream(bench_allocator& allocator, bench_device& device, b
   m.pairs_per_rep = iterations * 2;
   std::vector<double> rep_ns;
   for (int rep = 0; rep < plan.warmup_reps + plan.reps; ++rep) {
+    if (rep == plan.warmup_reps) allocator.timing_starts();
     const auto start = clock_type::now();
     for (std::size_t i = 0; i < iterations; ++i) {
       void* on_a = allocator.allocate(bytes, a);
