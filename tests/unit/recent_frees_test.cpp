@@ -4,13 +4,16 @@
 // keeping pauses while kept blocks do not come back.
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "streamalloc/backend/sim_backend.hpp"
 #include "streamalloc/core/caching_allocator.hpp"
 #include "streamalloc/core/recent_frees.hpp"
 #include "streamalloc/util/bytes.hpp"
+#include "streamalloc/util/errors.hpp"
 #include "support/catch.hpp"
+#include "support/contains.hpp"
 #include "support/sim_fixture.hpp"
 
 namespace {
@@ -19,6 +22,17 @@ using namespace streamalloc;
 using namespace streamalloc::test;
 
 std::int64_t recent_reuses(const caching_allocator& alloc) { return alloc.stats().num_recent_reuses; }
+
+// The message of the usage_error `action` throws ("" if none).
+template <typename Action>
+std::string error_of(Action&& action) {
+  try {
+    action();
+  } catch (const usage_error& e) {
+    return e.what();
+  }
+  return {};
+}
 
 struct device_kind {
   const char* name;
@@ -105,5 +119,22 @@ TEST_CASE("recent frees: keeping pauses while kept blocks do not come back", "[r
   const std::int64_t reuses = recent_reuses(f.alloc);
   CHECK(reuses > 0);
   CHECK(reuses <= static_cast<std::int64_t>(pairs - recent_frees::k_pause_frees));
+  f.check_consistent();
+}
+
+TEST_CASE("recent frees: a kept block is freed memory to every pointer lookup", "[recent_frees]") {
+  sim_fixture f(vmm_device());
+  void* p = f.alloc.allocate(64_KiB, f.s1);
+  f.alloc.free(p);  // kept, its pointer map entry with it
+  CHECK(contains(error_of([&] { f.alloc.free(p); }), "is not allocated (double free?)"));
+  CHECK(contains(error_of([&] { f.alloc.record_stream(p, f.s2); }), "record_stream: "));
+  CHECK(contains(error_of([&] { (void)f.alloc.allocation_size(p); }), "is not allocated"));
+  CHECK_FALSE(f.alloc.owns(p));
+  // Taken back (none of these lookups returned it), it is allocated again.
+  CHECK(f.alloc.allocate(64_KiB, f.s1) == p);
+  CHECK(recent_reuses(f.alloc) == 1);
+  CHECK(f.alloc.owns(p));
+  CHECK(f.alloc.allocation_size(p) == 64_KiB);
+  f.alloc.free(p);
   f.check_consistent();
 }

@@ -465,6 +465,7 @@ block* caching_allocator::take_block_locked(block* b, std::size_t rounded, std::
     }
     insert_free_locked(rest);
   }
+  allocated_.insert(b->address, b);
   mark_allocated_locked(b, requested);
   return b;
 }
@@ -484,7 +485,6 @@ void caching_allocator::unmark_allocated_locked(block* b) {
 void caching_allocator::mark_allocated_locked(block* b, std::size_t requested) {
   b->allocated = true;
   b->requested_size = requested;
-  allocated_.insert(b->address, b);
   segment* s = b->owner;
   const auto size = static_cast<std::int64_t>(b->size);
   update_stat(stats_.allocation, s, 1);
@@ -504,16 +504,19 @@ void caching_allocator::mark_allocated_locked(block* b, std::size_t requested) {
 void caching_allocator::free(void* ptr) {
   if (ptr == nullptr) return;
   locked_call call(*this);
-  block* b = allocated_.erase(to_address(ptr));
-  if (b == nullptr) throw usage_error(describe_unknown_pointer_locked(ptr));
+  const std::size_t slot = allocated_.slot_of(to_address(ptr));
+  block* b = allocated_.at(slot);
+  if (b == nullptr || !b->allocated) throw usage_error(describe_unknown_pointer_locked(ptr));
   unmark_allocated_locked(b);
 
+  if (b->stream_uses.empty() && b->owner->pool == 0 && capture_count_.load(std::memory_order_relaxed) == 0 &&
+      recent_.keep_next()) {
+    keep_recent_locked(b);  // its pointer map entry stays
+    return;
+  }
+  allocated_.erase_at(slot);
   if (b->stream_uses.empty()) {
-    if (b->owner->pool == 0 && capture_count_.load(std::memory_order_relaxed) == 0 && recent_.keep_next()) {
-      keep_recent_locked(b);
-    } else {
-      return_to_pool_locked(b);
-    }
+    return_to_pool_locked(b);
   } else if (capture_count_.load(std::memory_order_relaxed) != 0) {
     b->pending_events = 1;  // stands for the events recorded when captures end
     deferred_frees_.push_back(b);
@@ -526,7 +529,7 @@ void caching_allocator::free(void* ptr) {
 
 void caching_allocator::record_stream(void* ptr, stream_handle stream) {
   std::lock_guard<adaptive_mutex> lock(mutex_);
-  block* b = allocated_.find(to_address(ptr));
+  block* b = allocated_block_locked(ptr);
   if (b == nullptr) throw usage_error("record_stream: " + describe_unknown_pointer_locked(ptr));
   if (stream == b->stream) return;
   if (std::find(b->stream_uses.begin(), b->stream_uses.end(), stream) == b->stream_uses.end()) {
@@ -624,7 +627,8 @@ void caching_allocator::deactivate_locked(block* b) {
 // free neighbours at the free and for a best-fit search and a split at the
 // allocation, and get the same memory back. The last k_capacity such
 // frees of the default pool stay whole instead, outside the free sets and
-// apart from coalescing (no neighbour merges with them); a request of
+// apart from coalescing (no neighbour merges with them), and keep their
+// pointer map entries (a free of one finds it not allocated); a request of
 // their size and stream takes the newest one back when the search would
 // have handed out exactly that block (take_recent_locked), so placement is
 // the same as without them. Anything else returns them all to their pools
@@ -642,19 +646,19 @@ void caching_allocator::deactivate_locked(block* b) {
 void caching_allocator::keep_recent_locked(block* b) {
   deactivate_locked(b);
   b->recent = true;
-  if (block* evicted = recent_.push(b)) {
-    evicted->recent = false;
-    release_to_pool_locked(evicted);
-  }
+  if (block* evicted = recent_.push(b)) return_recent_locked(evicted);
+}
+
+void caching_allocator::return_recent_locked(block* b) {
+  b->recent = false;
+  allocated_.erase(b->address);
+  release_to_pool_locked(b);
 }
 
 void caching_allocator::flush_recent_locked() const {
   // Logically const: the blocks return to the pools they are counted in.
   auto* self = const_cast<caching_allocator*>(this);
-  recent_.drain([self](block* b) {
-    b->recent = false;
-    self->release_to_pool_locked(b);
-  });
+  recent_.drain([self](block* b) { self->return_recent_locked(b); });
 }
 
 // The newest recent free of this size and stream, if the search and split
@@ -1162,12 +1166,12 @@ allocator_config caching_allocator::config() const {
 
 bool caching_allocator::owns(const void* ptr) const {
   std::lock_guard<adaptive_mutex> lock(mutex_);
-  return allocated_.find(to_address(ptr)) != nullptr;
+  return allocated_block_locked(ptr) != nullptr;
 }
 
 std::size_t caching_allocator::allocation_size(const void* ptr) const {
   std::lock_guard<adaptive_mutex> lock(mutex_);
-  const block* b = allocated_.find(to_address(ptr));
+  const block* b = allocated_block_locked(ptr);
   if (b == nullptr) throw usage_error(describe_unknown_pointer_locked(ptr));
   return b->size;
 }
@@ -1251,15 +1255,17 @@ void caching_allocator::delete_block_locked(block* b) {
 //   owned by it, sizes summing to the segment size.
 // - No two address-adjacent free blocks share a stream (they coalesce).
 // - Free blocks are exactly the members of the free sets, each in the set
-//   of its segment's pool; allocated blocks are exactly the map's entries.
+//   of its segment's pool; the allocated blocks and the recent frees are
+//   exactly the pointer map's entries.
 // - Each free set's free_block_index is sound (Note [size classes]): bitmap
 //   bits match the non-empty classes, heaps are in address order with
 //   intact links, each block is kept under its own stream and size, counts
 //   add up, and no block is kept twice.
 // - Pending-event counts match the outstanding events.
 // - The blocks marked recent are exactly the recent frees: freed, with no
-//   pending events or stream uses, in the default pool, inactive, outside
-//   the free sets and apart from coalescing (Note [recent frees]).
+//   pending events or stream uses, in the default pool, inactive, in the
+//   pointer map, outside the free sets and apart from coalescing (Note
+//   [recent frees]).
 // - Every stat's current value equals a recount from the blocks, and so
 //   do the default pool's active blocks per stream.
 
@@ -1327,6 +1333,7 @@ void caching_allocator::validate() const {
         if (b->allocated || b->pending_events != 0 || !b->stream_uses.empty() || s->pool != 0) {
           fail("a recent free is allocated, pending, used by other streams or outside the default pool");
         }
+        if (allocated_.find(b->address) != b) fail("recent free missing from the pointer map");
       }
       if (b->is_free()) {
         ++free_blocks;
@@ -1370,7 +1377,9 @@ void caching_allocator::validate() const {
   std::sort(mapped_chunks.begin(), mapped_chunks.end());
   if (std::adjacent_find(mapped_chunks.begin(), mapped_chunks.end()) != mapped_chunks.end()) fail("a chunk is mapped twice");
   if (static_cast<std::int64_t>(mapped_chunks.size()) != stats_.mapped_chunks.current) fail("mapped_chunks stat");
-  if (allocated_.size() != allocated_blocks) fail("pointer map holds blocks that are not allocated");
+  if (allocated_.size() != allocated_blocks + recent_blocks) {
+    fail("pointer map holds blocks that are neither allocated nor recent frees");
+  }
   if (recent_.size() != recent_blocks) fail("recent frees and blocks marked recent differ in number");
   for (std::size_t i = 0; i < recent_.size(); ++i) {
     if (!recent_.at(i)->recent) fail("a recent free is not marked recent");

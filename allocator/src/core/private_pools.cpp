@@ -321,6 +321,7 @@ void caching_allocator::rebuild_segment_locked(segment* s, const pool_checkpoint
   for (block* b = s->first; b != nullptr; b = b->next) {
     while (recorded->address != b->address) ++recorded;
     if (b->allocated) {
+      allocated_.insert(b->address, b);
       mark_allocated_locked(b, recorded->requested_size);
       out->allocated.push_back(reinterpret_cast<void*>(b->address));
     }
@@ -357,7 +358,7 @@ bool caching_allocator::pool_allocations_match(pool_id id, const std::vector<con
 
 caching_allocator::shareable_range caching_allocator::share_range(const void* ptr) const {
   std::lock_guard<adaptive_mutex> lock(mutex_);
-  const block* b = allocated_.find(to_address(ptr));
+  const block* b = allocated_block_locked(ptr);
   if (b == nullptr) throw usage_error("share_range: " + describe_unknown_pointer_locked(ptr));
   const segment* s = b->owner;
   shareable_range out;

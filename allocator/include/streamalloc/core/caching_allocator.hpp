@@ -324,6 +324,8 @@ class caching_allocator {
   void keep_recent_locked(block* b);
   block* take_recent_locked(const free_block_index& free_set, std::size_t rounded, stream_handle stream, bool small);
   void flush_recent_locked() const;
+  // A recent free leaves the pointer map and goes to its pool.
+  void return_recent_locked(block* b);
   void insert_free_locked(block* b);
   void erase_free_locked(block* b);
   void process_events_locked();
@@ -359,9 +361,9 @@ class caching_allocator {
   std::vector<segment*> restorable_segments_locked(const pool_checkpoint& state) const;
   // Ends an allocation that restore_pool declares dead: no events, no uses.
   void end_allocation_locked(block* b);
-  // The bookkeeping of handing out a block already cut to size, and of
-  // taking it back once the caller has removed it from the pointer map
-  // (before its memory is reusable).
+  // The bookkeeping of handing out a block already cut to size (the caller
+  // puts it in the pointer map unless it is a recent free, whose entry
+  // stayed), and of taking it back (before its memory is reusable).
   void mark_allocated_locked(block* b, std::size_t requested);
   void unmark_allocated_locked(block* b);
   void rebuild_segment_locked(segment* s, const pool_checkpoint::segment_state& state, pool_restore_result* out);
@@ -438,7 +440,15 @@ class caching_allocator {
   // Pending frees whose event could not be recorded: they wait for a
   // successful device synchronization.
   std::vector<block*> awaiting_device_sync_;
+  // The pointer map: the allocated blocks, and the recent frees, whose
+  // entries stay so that taking one back inserts nothing (Note [recent
+  // frees]).
   address_map allocated_;
+  // The allocated block at `ptr`, or nullptr.
+  block* allocated_block_locked(const void* ptr) const {
+    block* b = allocated_.find(reinterpret_cast<std::uintptr_t>(ptr));
+    return b != nullptr && b->allocated ? b : nullptr;
+  }
   // Note [recent frees]: default-pool blocks freed last, kept whole for a
   // request of the same size and stream. Mutable: a const reader (stats,
   // snapshot) returns them to their pools first, which changes nothing a
