@@ -129,7 +129,7 @@ void* caching_allocator::allocate_locked(std::size_t bytes, stream_handle stream
       if (block* b = take_recent_locked(pool_for_locked(pool, small), rounded, stream, small)) {
         ++stats_.num_recent_reuses;
         recent_.count_hit();
-        mark_allocated_locked(b, bytes);
+        reuse_recent_locked(b, bytes);
         return reinterpret_cast<void*>(b->address);
       }
     }
@@ -498,6 +498,29 @@ void caching_allocator::mark_allocated_locked(block* b, std::size_t requested) {
   record_trace_locked(trace_action::alloc, b->address, requested, b->stream, s->pool);
 }
 
+// Note [recent frees]: a recent free's allocated and active counts are
+// those its free took away (same size, stream and pool), and restoring
+// them passes no peak: a stat's current value plus what the recent frees
+// took away was at most its peak when they were freed and has not risen
+// since (a reuse moves a block's share back, other frees and returns to a
+// pool only lower it, and every other allocation, restore_pool and
+// reset_peak_stats return the recent frees first). Its requested bytes
+// may differ: that stat is updated in full. Its pointer map entry stayed.
+void caching_allocator::reuse_recent_locked(block* b, std::size_t requested) {
+  b->allocated = true;
+  b->requested_size = requested;
+  segment* s = b->owner;
+  const auto size = static_cast<std::int64_t>(b->size);
+  restore_stat(stats_.allocation, s, 1);
+  restore_stat(stats_.allocated_bytes, s, size);
+  restore_stat(stats_.active, s, 1);
+  restore_stat(stats_.active_bytes, s, size);
+  active_by_stream_.add(b->stream, 1);
+  update_stat(stats_.requested_bytes, s, static_cast<std::int64_t>(requested));
+  if (policy_.is_oversize(b->size)) stats_.oversize_allocations.increase(1);
+  record_trace_locked(trace_action::alloc, b->address, requested, b->stream, s->pool);
+}
+
 // ---------------------------------------------------------------------------
 // Free and stream uses
 
@@ -632,11 +655,12 @@ void caching_allocator::deactivate_locked(block* b) {
 // their size and stream takes the newest one back when the search would
 // have handed out exactly that block (take_recent_locked), so placement is
 // the same as without them. Anything else returns them all to their pools
-// first: an allocation that misses, a capture, empty_cache, and every
-// reader of stats, snapshots or free memory. So every search, stitch and
-// release sees the merged free memory it would see without them. Their
-// active stats fall and their free_completed trace entries are written at
-// the free, as without them; only the inactive-split counts wait for the
+// first: an allocation that misses, a capture, empty_cache, restore_pool,
+// and every reader of stats, snapshots or free memory. So every search,
+// stitch and release sees the merged free memory it would see without
+// them. Their active stats fall and their free_completed trace entries are
+// written at the free, as without them (a reuse restores those counts
+// without peak checks, reuse_recent_locked says why); only the inactive-split counts wait for the
 // return (readers flush first, so they see them right), and the cumulative
 // inactive-split counters miss the merge and split a reuse skips. Blocks
 // with stream uses, and blocks of private pools, return as before. A

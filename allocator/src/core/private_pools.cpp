@@ -223,6 +223,9 @@ pool_checkpoint caching_allocator::checkpoint_pool(pool_id id) const {
 pool_restore_result caching_allocator::restore_pool(const pool_checkpoint& state) {
   locked_call call(*this);
   const std::vector<segment*> targets = restorable_segments_locked(state);
+  // Its allocations raise stats past what the recent frees took away, which
+  // a reuse of one must not see (Note [recent frees]).
+  flush_recent_locked();
   pool_restore_result out;
   std::vector<block*> live;
   for (const auto& [address, s] : segments_) {

@@ -366,6 +366,8 @@ class caching_allocator {
   // stayed), and of taking it back (before its memory is reusable).
   void mark_allocated_locked(block* b, std::size_t requested);
   void unmark_allocated_locked(block* b);
+  // mark_allocated_locked for a recent free taken back (Note [recent frees]).
+  void reuse_recent_locked(block* b, std::size_t requested);
   void rebuild_segment_locked(segment* s, const pool_checkpoint::segment_state& state, pool_restore_result* out);
   // Adds to (or, negative, takes from) the "all" entry and the segment's pool entry.
   static void update_stat(stat_array& array, const segment* s, std::int64_t delta) {
@@ -377,6 +379,11 @@ class caching_allocator {
       at(array, stat_type::all).decrease(-delta);
       pool.decrease(-delta);
     }
+  }
+  // update_stat of a positive amount that keeps every current at or below its peak.
+  static void restore_stat(stat_array& array, const segment* s, std::int64_t amount) {
+    at(array, stat_type::all).restore(amount);
+    at(array, pool_stat(s->is_small)).restore(amount);
   }
   [[noreturn]] void raise_oom_locked(std::size_t requested, stream_handle stream = 0, pool_id pool = 0);
   std::string describe_unknown_pointer_locked(const void* ptr) const;
