@@ -430,7 +430,7 @@ block* caching_allocator::grow_locked(std::size_t rounded, stream_handle stream,
 // fsdp2_streams2 1.0277 -> 1.0218, fsdp2_streams4 1.0291 -> 1.0203,
 // offload_activations 1.0073 -> 1.0062; the other traces unchanged;
 // stitches over the corpus 1114 -> 1094, stitch syncs 1707 -> 1665.
-std::size_t caching_allocator::chunk_start_gap(const block* b, std::size_t run, std::size_t rounded) const {
+inline std::size_t caching_allocator::chunk_start_gap(const block* b, std::size_t run, std::size_t rounded) const {
   const segment* s = b->owner;
   if (!s->expandable() || s->is_small || s->pool != 0) return 0;
   const block* prev = b->prev;
@@ -468,18 +468,6 @@ block* caching_allocator::take_block_locked(block* b, std::size_t rounded, std::
   allocated_.insert(b->address, b);
   mark_allocated_locked(b, requested);
   return b;
-}
-
-void caching_allocator::unmark_allocated_locked(block* b) {
-  b->allocated = false;
-  segment* s = b->owner;
-  // free_completed follows, now or once the block's stream uses end
-  // (return_to_pool_locked), as in torch's history.
-  record_trace_locked(trace_action::free_requested, b->address, b->requested_size, b->stream, s->pool);
-  update_stat(stats_.allocation, s, -1);
-  update_stat(stats_.allocated_bytes, s, -static_cast<std::int64_t>(b->size));
-  update_stat(stats_.requested_bytes, s, -static_cast<std::int64_t>(b->requested_size));
-  if (policy_.is_oversize(b->size)) stats_.oversize_allocations.decrease(1);
 }
 
 void caching_allocator::mark_allocated_locked(block* b, std::size_t requested) {
@@ -635,7 +623,7 @@ void caching_allocator::return_to_pool_locked(block* b) {
   release_to_pool_locked(b);
 }
 
-void caching_allocator::deactivate_locked(block* b) {
+inline void caching_allocator::deactivate_locked(block* b) {
   segment* s = b->owner;
   record_trace_locked(trace_action::free_completed, b->address, b->requested_size, b->stream, s->pool);
   update_stat(stats_.active, s, -1);
@@ -667,7 +655,7 @@ void caching_allocator::deactivate_locked(block* b) {
 // workload whose requests rarely repeat a size would pay a little for
 // keeping and gain nothing, so keeping pauses while few kept blocks come
 // back (recent_frees::keep_next).
-void caching_allocator::keep_recent_locked(block* b) {
+inline void caching_allocator::keep_recent_locked(block* b) {
   deactivate_locked(b);
   b->recent = true;
   if (block* evicted = recent_.push(b)) return_recent_locked(evicted);

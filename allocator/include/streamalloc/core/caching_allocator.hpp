@@ -317,11 +317,13 @@ class caching_allocator {
     return (left != nullptr && left->mapped ? 1 : 0) + (right != nullptr && right->mapped ? 1 : 0);
   }
   block* take_block_locked(block* b, std::size_t rounded, std::size_t requested);
-  std::size_t chunk_start_gap(const block* b, std::size_t run, std::size_t rounded) const;
+  // Inline (defined in caching_allocator.cpp, their only user): on the path
+  // of a same-size free and reuse.
+  inline std::size_t chunk_start_gap(const block* b, std::size_t run, std::size_t rounded) const;
   void return_to_pool_locked(block* b);
   void release_to_pool_locked(block* b);
-  void deactivate_locked(block* b);
-  void keep_recent_locked(block* b);
+  inline void deactivate_locked(block* b);
+  inline void keep_recent_locked(block* b);
   block* take_recent_locked(const free_block_index& free_set, std::size_t rounded, stream_handle stream, bool small);
   void flush_recent_locked() const;
   // A recent free leaves the pointer map and goes to its pool.
@@ -365,7 +367,18 @@ class caching_allocator {
   // puts it in the pointer map unless it is a recent free, whose entry
   // stayed), and of taking it back (before its memory is reusable).
   void mark_allocated_locked(block* b, std::size_t requested);
-  void unmark_allocated_locked(block* b);
+  // Inline: most of a free's work.
+  void unmark_allocated_locked(block* b) {
+    b->allocated = false;
+    segment* s = b->owner;
+    // free_completed follows, now or once the block's stream uses end
+    // (return_to_pool_locked), as in torch's history.
+    record_trace_locked(trace_action::free_requested, b->address, b->requested_size, b->stream, s->pool);
+    update_stat(stats_.allocation, s, -1);
+    update_stat(stats_.allocated_bytes, s, -static_cast<std::int64_t>(b->size));
+    update_stat(stats_.requested_bytes, s, -static_cast<std::int64_t>(b->requested_size));
+    if (policy_.is_oversize(b->size)) stats_.oversize_allocations.decrease(1);
+  }
   // mark_allocated_locked for a recent free taken back (Note [recent frees]).
   void reuse_recent_locked(block* b, std::size_t requested);
   void rebuild_segment_locked(segment* s, const pool_checkpoint::segment_state& state, pool_restore_result* out);
