@@ -126,7 +126,7 @@ void* caching_allocator::allocate_locked(std::size_t bytes, stream_handle stream
   if (!recent_.empty()) {
     if (pool == 0 && !capturing && !opens_small) {
       if (!pending_.empty()) process_events_locked();
-      if (block* b = take_recent_locked(pool_for_locked(pool, small), rounded, stream, small)) {
+      if (block* b = take_recent_locked(rounded, stream, small)) {
         ++stats_.num_recent_reuses;
         recent_.count_hit();
         reuse_recent_locked(b, bytes);
@@ -494,7 +494,7 @@ void caching_allocator::mark_allocated_locked(block* b, std::size_t requested) {
 // pool only lower it, and every other allocation, restore_pool and
 // reset_peak_stats return the recent frees first). Its requested bytes
 // may differ: that stat is updated in full. Its pointer map entry stayed.
-void caching_allocator::reuse_recent_locked(block* b, std::size_t requested) {
+inline void caching_allocator::reuse_recent_locked(block* b, std::size_t requested) {
   b->allocated = true;
   b->requested_size = requested;
   segment* s = b->owner;
@@ -684,8 +684,7 @@ void caching_allocator::flush_recent_locked() const {
 // grow into one counts as one), and must be split, or be the block itself.
 // When any of that is in doubt the answer is nullptr: the caller then
 // returns every recent free and searches as usual.
-block* caching_allocator::take_recent_locked(const free_block_index& free_set, std::size_t rounded,
-                                             stream_handle stream, bool small) {
+block* caching_allocator::take_recent_locked(std::size_t rounded, stream_handle stream, bool small) {
   block* b = recent_.newest(rounded, stream, small);
   if (b == nullptr) return nullptr;
   const auto joins = [stream](const block* n) {
@@ -704,6 +703,7 @@ block* caching_allocator::take_recent_locked(const free_block_index& free_set, s
   if (!policy_.may_reuse(run, rounded)) return nullptr;
   if (chunk_start_gap(b, run, rounded) != 0) return nullptr;  // the search would place it elsewhere
   if (run != rounded && !policy_.should_split(run, rounded, small, b->owner->expandable())) return nullptr;
+  const free_block_index& free_set = small ? default_pool_.small : default_pool_.large;
   const block* best = rest != nullptr ? free_set.best_fit_besides(stream, rounded, rest) : free_set.best_fit(stream, rounded);
   if (best != nullptr && (best->size < run || (best->size == run && best->address < b->address))) return nullptr;
   recent_.remove(b);

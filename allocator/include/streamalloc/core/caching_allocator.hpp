@@ -324,7 +324,7 @@ class caching_allocator {
   void release_to_pool_locked(block* b);
   inline void deactivate_locked(block* b);
   inline void keep_recent_locked(block* b);
-  block* take_recent_locked(const free_block_index& free_set, std::size_t rounded, stream_handle stream, bool small);
+  block* take_recent_locked(std::size_t rounded, stream_handle stream, bool small);
   void flush_recent_locked() const;
   // A recent free leaves the pointer map and goes to its pool.
   void return_recent_locked(block* b);
@@ -380,7 +380,7 @@ class caching_allocator {
     if (policy_.is_oversize(b->size)) stats_.oversize_allocations.decrease(1);
   }
   // mark_allocated_locked for a recent free taken back (Note [recent frees]).
-  void reuse_recent_locked(block* b, std::size_t requested);
+  inline void reuse_recent_locked(block* b, std::size_t requested);
   void rebuild_segment_locked(segment* s, const pool_checkpoint::segment_state& state, pool_restore_result* out);
   // Adds to (or, negative, takes from) the "all" entry and the segment's pool entry.
   static void update_stat(stat_array& array, const segment* s, std::int64_t delta) {
