@@ -117,8 +117,10 @@ void* caching_allocator::allocate_locked(std::size_t bytes, stream_handle stream
   const bool mid_size = !small && policy_.is_mid_size(rounded, pool);
   const bool capturing = capture_count_.load(std::memory_order_relaxed) != 0;
   // Note [mid-size requests]: a stream holding no memory may open a small
-  // chunk before any large cached block is looked at.
-  const bool opens_small = mid_size && active_by_stream_.get(stream) == 0;
+  // chunk before any large cached block is looked at. Its recent frees
+  // count as active there but hold none.
+  const bool opens_small =
+      mid_size && active_by_stream_.get(stream) == static_cast<std::int64_t>(recent_.count_on(stream));
 
   // Note [recent frees]: a block of this size freed lately on this stream
   // is taken back whole; on a miss they all return to their pools first,
@@ -503,7 +505,6 @@ inline void caching_allocator::reuse_recent_locked(block* b, std::size_t request
   restore_stat(stats_.allocated_bytes, s, size);
   restore_stat(stats_.active, s, 1);
   restore_stat(stats_.active_bytes, s, size);
-  active_by_stream_.add(b->stream, 1);
   update_stat(stats_.requested_bytes, s, static_cast<std::int64_t>(requested));
   if (policy_.is_oversize(b->size)) stats_.oversize_allocations.increase(1);
   record_trace_locked(trace_action::alloc, b->address, requested, b->stream, s->pool);
@@ -620,6 +621,7 @@ void caching_allocator::synchronize_pending_locked() {
 
 void caching_allocator::return_to_pool_locked(block* b) {
   deactivate_locked(b);
+  if (b->owner->pool == 0) active_by_stream_.add(b->stream, -1);
   release_to_pool_locked(b);
 }
 
@@ -628,7 +630,6 @@ inline void caching_allocator::deactivate_locked(block* b) {
   record_trace_locked(trace_action::free_completed, b->address, b->requested_size, b->stream, s->pool);
   update_stat(stats_.active, s, -1);
   update_stat(stats_.active_bytes, s, -static_cast<std::int64_t>(b->size));
-  if (s->pool == 0) active_by_stream_.add(b->stream, -1);
   b->requested_size = 0;
 }
 
@@ -648,10 +649,12 @@ inline void caching_allocator::deactivate_locked(block* b) {
 // stitch and release sees the merged free memory it would see without
 // them. Their active stats fall and their free_completed trace entries are
 // written at the free, as without them (a reuse restores those counts
-// without peak checks, reuse_recent_locked says why); only the inactive-split counts wait for the
-// return (readers flush first, so they see them right), and the cumulative
-// inactive-split counters miss the merge and split a reuse skips. Blocks
-// with stream uses, and blocks of private pools, return as before. A
+// without peak checks, reuse_recent_locked says why); only the
+// inactive-split counts wait for the return (readers flush first, so they
+// see them right), and the cumulative inactive-split counters miss the
+// merge and split a reuse skips. Their streams' active blocks for
+// mid-size requests (active_by_stream_) also count them until the return,
+// and a request leaves them out. Blocks with stream uses, and blocks of private pools, return as before. A
 // workload whose requests rarely repeat a size would pay a little for
 // keeping and gain nothing, so keeping pauses while few kept blocks come
 // back (recent_frees::keep_next).
@@ -663,6 +666,7 @@ inline void caching_allocator::keep_recent_locked(block* b) {
 
 void caching_allocator::return_recent_locked(block* b) {
   b->recent = false;
+  active_by_stream_.add(b->stream, -1);
   allocated_.erase(b->address);
   release_to_pool_locked(b);
 }
@@ -1279,7 +1283,7 @@ void caching_allocator::delete_block_locked(block* b) {
 //   pointer map, outside the free sets and apart from coalescing (Note
 //   [recent frees]).
 // - Every stat's current value equals a recount from the blocks, and so
-//   do the default pool's active blocks per stream.
+//   do the default pool's active blocks per stream (with the recent frees).
 
 void caching_allocator::validate() const {
   std::lock_guard<adaptive_mutex> lock(mutex_);
@@ -1346,6 +1350,7 @@ void caching_allocator::validate() const {
           fail("a recent free is allocated, pending, used by other streams or outside the default pool");
         }
         if (allocated_.find(b->address) != b) fail("recent free missing from the pointer map");
+        active_recount.add(b->stream, 1);  // counted until it returns to its pool
       }
       if (b->is_free()) {
         ++free_blocks;

@@ -475,7 +475,9 @@ class caching_allocator {
   // caller can observe.
   mutable recent_frees recent_;
   // Note [mid-size requests]: the default pool's active blocks per stream,
-  // so a mid-size request can tell a stream that holds no memory.
+  // so a mid-size request can tell a stream that holds no memory. A recent
+  // free stays counted until it returns to its pool, so a reuse leaves the
+  // count alone (Note [recent frees]).
   stream_counts active_by_stream_;
   std::map<std::uintptr_t, segment*> segments_;
   // Outstanding events per stream, in record order: a stream's events
