@@ -477,12 +477,12 @@ void caching_allocator::mark_allocated_locked(block* b, std::size_t requested) {
   b->requested_size = requested;
   segment* s = b->owner;
   const auto size = static_cast<std::int64_t>(b->size);
-  update_stat(stats_.allocation, s, 1);
-  update_stat(stats_.allocated_bytes, s, size);
-  update_stat(stats_.active, s, 1);
-  update_stat(stats_.active_bytes, s, size);
+  increase_stat(stats_.allocation, s, 1);
+  increase_stat(stats_.allocated_bytes, s, size);
+  increase_stat(stats_.active, s, 1);
+  increase_stat(stats_.active_bytes, s, size);
   if (s->pool == 0) active_by_stream_.add(b->stream, 1);
-  update_stat(stats_.requested_bytes, s, static_cast<std::int64_t>(requested));
+  increase_stat(stats_.requested_bytes, s, static_cast<std::int64_t>(requested));
   if (policy_.is_oversize(b->size)) stats_.oversize_allocations.increase(1);
   // torch's history reports the bytes the caller asked for.
   record_trace_locked(trace_action::alloc, b->address, requested, b->stream, s->pool);
@@ -505,7 +505,7 @@ inline void caching_allocator::reuse_recent_locked(block* b, std::size_t request
   restore_stat(stats_.allocated_bytes, s, size);
   restore_stat(stats_.active, s, 1);
   restore_stat(stats_.active_bytes, s, size);
-  update_stat(stats_.requested_bytes, s, static_cast<std::int64_t>(requested));
+  increase_stat(stats_.requested_bytes, s, static_cast<std::int64_t>(requested));
   if (policy_.is_oversize(b->size)) stats_.oversize_allocations.increase(1);
   record_trace_locked(trace_action::alloc, b->address, requested, b->stream, s->pool);
 }
@@ -628,8 +628,8 @@ void caching_allocator::return_to_pool_locked(block* b) {
 inline void caching_allocator::deactivate_locked(block* b) {
   segment* s = b->owner;
   record_trace_locked(trace_action::free_completed, b->address, b->requested_size, b->stream, s->pool);
-  update_stat(stats_.active, s, -1);
-  update_stat(stats_.active_bytes, s, -static_cast<std::int64_t>(b->size));
+  decrease_stat(stats_.active, s, 1);
+  decrease_stat(stats_.active_bytes, s, static_cast<std::int64_t>(b->size));
   b->requested_size = 0;
 }
 

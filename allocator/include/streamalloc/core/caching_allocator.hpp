@@ -374,9 +374,9 @@ class caching_allocator {
     // free_completed follows, now or once the block's stream uses end
     // (return_to_pool_locked), as in torch's history.
     record_trace_locked(trace_action::free_requested, b->address, b->requested_size, b->stream, s->pool);
-    update_stat(stats_.allocation, s, -1);
-    update_stat(stats_.allocated_bytes, s, -static_cast<std::int64_t>(b->size));
-    update_stat(stats_.requested_bytes, s, -static_cast<std::int64_t>(b->requested_size));
+    decrease_stat(stats_.allocation, s, 1);
+    decrease_stat(stats_.allocated_bytes, s, static_cast<std::int64_t>(b->size));
+    decrease_stat(stats_.requested_bytes, s, static_cast<std::int64_t>(b->requested_size));
     if (policy_.is_oversize(b->size)) stats_.oversize_allocations.decrease(1);
   }
   // mark_allocated_locked for a recent free taken back (Note [recent frees]).
@@ -384,16 +384,22 @@ class caching_allocator {
   void rebuild_segment_locked(segment* s, const pool_checkpoint::segment_state& state, pool_restore_result* out);
   // Adds to (or, negative, takes from) the "all" entry and the segment's pool entry.
   static void update_stat(stat_array& array, const segment* s, std::int64_t delta) {
-    stat_counter& pool = at(array, pool_stat(s->is_small));
     if (delta >= 0) {
-      at(array, stat_type::all).increase(delta);
-      pool.increase(delta);
+      increase_stat(array, s, delta);
     } else {
-      at(array, stat_type::all).decrease(-delta);
-      pool.decrease(-delta);
+      decrease_stat(array, s, -delta);
     }
   }
-  // update_stat of a positive amount that keeps every current at or below its peak.
+  // update_stat where the sign is known, for the frequent callers: no branch on it.
+  static void increase_stat(stat_array& array, const segment* s, std::int64_t amount) {
+    at(array, stat_type::all).increase(amount);
+    at(array, pool_stat(s->is_small)).increase(amount);
+  }
+  static void decrease_stat(stat_array& array, const segment* s, std::int64_t amount) {
+    at(array, stat_type::all).decrease(amount);
+    at(array, pool_stat(s->is_small)).decrease(amount);
+  }
+  // increase_stat of an amount that keeps every current at or below its peak.
   static void restore_stat(stat_array& array, const segment* s, std::int64_t amount) {
     at(array, stat_type::all).restore(amount);
     at(array, pool_stat(s->is_small)).restore(amount);
