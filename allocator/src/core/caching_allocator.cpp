@@ -652,12 +652,12 @@ inline void caching_allocator::deactivate_locked(block* b) {
 // without peak checks, reuse_recent_locked says why); only the
 // inactive-split counts wait for the return (readers flush first, so they
 // see them right), and the cumulative inactive-split counters miss the
-// merge and split a reuse skips. Their streams' active blocks for
-// mid-size requests (active_by_stream_) also count them until the return,
-// and a request leaves them out. Blocks with stream uses, and blocks of private pools, return as before. A
-// workload whose requests rarely repeat a size would pay a little for
-// keeping and gain nothing, so keeping pauses while few kept blocks come
-// back (recent_frees::keep_next).
+// merge and split a reuse skips. Their streams' active blocks for mid-size
+// requests (active_by_stream_) also count them until the return, and a
+// request leaves them out. Blocks with stream uses, and blocks of private
+// pools, return as before. A workload whose requests rarely repeat a size
+// would pay a little for keeping and gain nothing, so keeping pauses while
+// few kept blocks come back (recent_frees::keep_next).
 inline void caching_allocator::keep_recent_locked(block* b) {
   deactivate_locked(b);
   b->recent = true;
