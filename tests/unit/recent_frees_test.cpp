@@ -4,13 +4,16 @@
 // keeping pauses while kept blocks do not come back.
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "streamalloc/backend/sim_backend.hpp"
 #include "streamalloc/core/caching_allocator.hpp"
 #include "streamalloc/core/recent_frees.hpp"
 #include "streamalloc/util/bytes.hpp"
+#include "streamalloc/util/errors.hpp"
 #include "support/catch.hpp"
+#include "support/contains.hpp"
 #include "support/sim_fixture.hpp"
 
 namespace {
@@ -19,6 +22,17 @@ using namespace streamalloc;
 using namespace streamalloc::test;
 
 std::int64_t recent_reuses(const caching_allocator& alloc) { return alloc.stats().num_recent_reuses; }
+
+// The message of the usage_error `action` throws ("" if none).
+template <typename Action>
+std::string error_of(Action&& action) {
+  try {
+    action();
+  } catch (const usage_error& e) {
+    return e.what();
+  }
+  return {};
+}
 
 struct device_kind {
   const char* name;
@@ -106,4 +120,78 @@ TEST_CASE("recent frees: keeping pauses while kept blocks do not come back", "[r
   CHECK(reuses > 0);
   CHECK(reuses <= static_cast<std::int64_t>(pairs - recent_frees::k_pause_frees));
   f.check_consistent();
+}
+
+TEST_CASE("recent frees: a kept block is freed memory to every pointer lookup", "[recent_frees]") {
+  sim_fixture f(vmm_device());
+  void* p = f.alloc.allocate(64_KiB, f.s1);
+  f.alloc.free(p);  // kept, its pointer map entry with it
+  CHECK(contains(error_of([&] { f.alloc.free(p); }), "is not allocated (double free?)"));
+  CHECK(contains(error_of([&] { f.alloc.record_stream(p, f.s2); }), "record_stream: "));
+  CHECK(contains(error_of([&] { (void)f.alloc.allocation_size(p); }), "is not allocated"));
+  CHECK_FALSE(f.alloc.owns(p));
+  // Taken back (none of these lookups returned it), it is allocated again.
+  CHECK(f.alloc.allocate(64_KiB, f.s1) == p);
+  CHECK(recent_reuses(f.alloc) == 1);
+  CHECK(f.alloc.owns(p));
+  CHECK(f.alloc.allocation_size(p) == 64_KiB);
+  f.alloc.free(p);
+  f.check_consistent();
+}
+
+TEST_CASE("recent frees: placement is that of an allocator whose frees all return at once", "[recent_frees]") {
+  // The same seeded sequence on two allocators; after each free, stats()
+  // returns the second one's recent frees to their pools. Mid-size
+  // requests (Note [mid-size requests]) see a stream whose memory is all
+  // recent frees as holding none.
+  for (const device_kind& kind : device_kinds()) {
+    INFO(kind.name);
+    sim_fixture kept(kind.device);
+    sim_fixture returned(kind.device);
+    const std::size_t sizes[] = {256, 64_KiB, 512_KiB, 768_KiB, 4_MiB};
+    std::vector<std::pair<void*, void*>> live;
+    std::uint64_t state = 20261201;
+    const auto next = [&state](std::uint64_t n) {
+      state = state * 6364136223846793005ull + 1442695040888963407ull;
+      return (state >> 33) % n;
+    };
+    for (int step = 0; step < 4000; ++step) {
+      if (!live.empty() && (live.size() >= 6 || next(2) == 0)) {
+        const std::size_t i = next(live.size());
+        kept.alloc.free(live[i].first);
+        returned.alloc.free(live[i].second);
+        (void)returned.alloc.stats();
+        live.erase(live.begin() + static_cast<std::ptrdiff_t>(i));
+        continue;
+      }
+      const std::size_t bytes = sizes[next(std::size(sizes))];
+      const bool second_stream = next(4) == 0;
+      void* a = kept.alloc.allocate(bytes, second_stream ? kept.s2 : kept.s1);
+      void* b = returned.alloc.allocate(bytes, second_stream ? returned.s2 : returned.s1);
+      INFO("step " << step << ", " << bytes << " B");
+      REQUIRE(a == b);
+      live.emplace_back(a, b);
+    }
+    CHECK(recent_reuses(kept.alloc) > 0);
+    kept.check_consistent();
+  }
+}
+
+TEST_CASE("recent frees: a stream holding only recent frees holds no memory for a mid-size request", "[recent_frees]") {
+  sim_fixture kept(vmm_device());
+  sim_fixture returned(vmm_device());
+  void* a = kept.alloc.allocate(4_MiB, kept.s1);
+  void* b = returned.alloc.allocate(4_MiB, returned.s1);
+  REQUIRE(a == b);
+  kept.alloc.free(a);  // kept: s1's only memory is a recent free
+  returned.alloc.free(b);
+  (void)returned.alloc.stats();
+  // Note [mid-size requests]: s1 holds nothing, so it opens a small chunk
+  // instead of cutting the large free block.
+  void* p = kept.alloc.allocate(512_KiB, kept.s1);
+  void* q = returned.alloc.allocate(512_KiB, returned.s1);
+  CHECK(p == q);
+  CHECK(p != a);
+  kept.alloc.free(p);
+  kept.check_consistent();
 }

@@ -117,8 +117,10 @@ void* caching_allocator::allocate_locked(std::size_t bytes, stream_handle stream
   const bool mid_size = !small && policy_.is_mid_size(rounded, pool);
   const bool capturing = capture_count_.load(std::memory_order_relaxed) != 0;
   // Note [mid-size requests]: a stream holding no memory may open a small
-  // chunk before any large cached block is looked at.
-  const bool opens_small = mid_size && active_by_stream_.get(stream) == 0;
+  // chunk before any large cached block is looked at. Its recent frees
+  // count as active there but hold none.
+  const bool opens_small =
+      mid_size && active_by_stream_.get(stream) == static_cast<std::int64_t>(recent_.count_on(stream));
 
   // Note [recent frees]: a block of this size freed lately on this stream
   // is taken back whole; on a miss they all return to their pools first,
@@ -126,10 +128,10 @@ void* caching_allocator::allocate_locked(std::size_t bytes, stream_handle stream
   if (!recent_.empty()) {
     if (pool == 0 && !capturing && !opens_small) {
       if (!pending_.empty()) process_events_locked();
-      if (block* b = take_recent_locked(pool_for_locked(pool, small), rounded, stream, small)) {
+      if (block* b = take_recent_locked(rounded, stream, small)) {
         ++stats_.num_recent_reuses;
         recent_.count_hit();
-        mark_allocated_locked(b, bytes);
+        reuse_recent_locked(b, bytes);
         return reinterpret_cast<void*>(b->address);
       }
     }
@@ -430,7 +432,7 @@ block* caching_allocator::grow_locked(std::size_t rounded, stream_handle stream,
 // fsdp2_streams2 1.0277 -> 1.0218, fsdp2_streams4 1.0291 -> 1.0203,
 // offload_activations 1.0073 -> 1.0062; the other traces unchanged;
 // stitches over the corpus 1114 -> 1094, stitch syncs 1707 -> 1665.
-std::size_t caching_allocator::chunk_start_gap(const block* b, std::size_t run, std::size_t rounded) const {
+inline std::size_t caching_allocator::chunk_start_gap(const block* b, std::size_t run, std::size_t rounded) const {
   const segment* s = b->owner;
   if (!s->expandable() || s->is_small || s->pool != 0) return 0;
   const block* prev = b->prev;
@@ -465,36 +467,46 @@ block* caching_allocator::take_block_locked(block* b, std::size_t rounded, std::
     }
     insert_free_locked(rest);
   }
+  allocated_.insert(b->address, b);
   mark_allocated_locked(b, requested);
   return b;
-}
-
-void caching_allocator::unmark_allocated_locked(block* b) {
-  b->allocated = false;
-  segment* s = b->owner;
-  // free_completed follows, now or once the block's stream uses end
-  // (return_to_pool_locked), as in torch's history.
-  record_trace_locked(trace_action::free_requested, b->address, b->requested_size, b->stream, s->pool);
-  update_stat(stats_.allocation, s, -1);
-  update_stat(stats_.allocated_bytes, s, -static_cast<std::int64_t>(b->size));
-  update_stat(stats_.requested_bytes, s, -static_cast<std::int64_t>(b->requested_size));
-  if (policy_.is_oversize(b->size)) stats_.oversize_allocations.decrease(1);
 }
 
 void caching_allocator::mark_allocated_locked(block* b, std::size_t requested) {
   b->allocated = true;
   b->requested_size = requested;
-  allocated_.insert(b->address, b);
   segment* s = b->owner;
   const auto size = static_cast<std::int64_t>(b->size);
-  update_stat(stats_.allocation, s, 1);
-  update_stat(stats_.allocated_bytes, s, size);
-  update_stat(stats_.active, s, 1);
-  update_stat(stats_.active_bytes, s, size);
+  increase_stat(stats_.allocation, s, 1);
+  increase_stat(stats_.allocated_bytes, s, size);
+  increase_stat(stats_.active, s, 1);
+  increase_stat(stats_.active_bytes, s, size);
   if (s->pool == 0) active_by_stream_.add(b->stream, 1);
-  update_stat(stats_.requested_bytes, s, static_cast<std::int64_t>(requested));
+  increase_stat(stats_.requested_bytes, s, static_cast<std::int64_t>(requested));
   if (policy_.is_oversize(b->size)) stats_.oversize_allocations.increase(1);
   // torch's history reports the bytes the caller asked for.
+  record_trace_locked(trace_action::alloc, b->address, requested, b->stream, s->pool);
+}
+
+// Note [recent frees]: a recent free's allocated and active counts are
+// those its free took away (same size, stream and pool), and restoring
+// them passes no peak: a stat's current value plus what the recent frees
+// took away was at most its peak when they were freed and has not risen
+// since (a reuse moves a block's share back, other frees and returns to a
+// pool only lower it, and every other allocation, restore_pool and
+// reset_peak_stats return the recent frees first). Its requested bytes
+// may differ: that stat is updated in full. Its pointer map entry stayed.
+inline void caching_allocator::reuse_recent_locked(block* b, std::size_t requested) {
+  b->allocated = true;
+  b->requested_size = requested;
+  segment* s = b->owner;
+  const auto size = static_cast<std::int64_t>(b->size);
+  restore_stat(stats_.allocation, s, 1);
+  restore_stat(stats_.allocated_bytes, s, size);
+  restore_stat(stats_.active, s, 1);
+  restore_stat(stats_.active_bytes, s, size);
+  increase_stat(stats_.requested_bytes, s, static_cast<std::int64_t>(requested));
+  if (policy_.is_oversize(b->size)) stats_.oversize_allocations.increase(1);
   record_trace_locked(trace_action::alloc, b->address, requested, b->stream, s->pool);
 }
 
@@ -504,16 +516,19 @@ void caching_allocator::mark_allocated_locked(block* b, std::size_t requested) {
 void caching_allocator::free(void* ptr) {
   if (ptr == nullptr) return;
   locked_call call(*this);
-  block* b = allocated_.erase(to_address(ptr));
-  if (b == nullptr) throw usage_error(describe_unknown_pointer_locked(ptr));
+  const std::size_t slot = allocated_.slot_of(to_address(ptr));
+  block* b = allocated_.at(slot);
+  if (b == nullptr || !b->allocated) throw usage_error(describe_unknown_pointer_locked(ptr));
   unmark_allocated_locked(b);
 
+  if (b->stream_uses.empty() && b->owner->pool == 0 && capture_count_.load(std::memory_order_relaxed) == 0 &&
+      recent_.keep_next()) {
+    keep_recent_locked(b);  // its pointer map entry stays
+    return;
+  }
+  allocated_.erase_at(slot);
   if (b->stream_uses.empty()) {
-    if (b->owner->pool == 0 && capture_count_.load(std::memory_order_relaxed) == 0 && recent_.keep_next()) {
-      keep_recent_locked(b);
-    } else {
-      return_to_pool_locked(b);
-    }
+    return_to_pool_locked(b);
   } else if (capture_count_.load(std::memory_order_relaxed) != 0) {
     b->pending_events = 1;  // stands for the events recorded when captures end
     deferred_frees_.push_back(b);
@@ -526,7 +541,7 @@ void caching_allocator::free(void* ptr) {
 
 void caching_allocator::record_stream(void* ptr, stream_handle stream) {
   std::lock_guard<adaptive_mutex> lock(mutex_);
-  block* b = allocated_.find(to_address(ptr));
+  block* b = allocated_block_locked(ptr);
   if (b == nullptr) throw usage_error("record_stream: " + describe_unknown_pointer_locked(ptr));
   if (stream == b->stream) return;
   if (std::find(b->stream_uses.begin(), b->stream_uses.end(), stream) == b->stream_uses.end()) {
@@ -606,15 +621,15 @@ void caching_allocator::synchronize_pending_locked() {
 
 void caching_allocator::return_to_pool_locked(block* b) {
   deactivate_locked(b);
+  if (b->owner->pool == 0) active_by_stream_.add(b->stream, -1);
   release_to_pool_locked(b);
 }
 
-void caching_allocator::deactivate_locked(block* b) {
+inline void caching_allocator::deactivate_locked(block* b) {
   segment* s = b->owner;
   record_trace_locked(trace_action::free_completed, b->address, b->requested_size, b->stream, s->pool);
-  update_stat(stats_.active, s, -1);
-  update_stat(stats_.active_bytes, s, -static_cast<std::int64_t>(b->size));
-  if (s->pool == 0) active_by_stream_.add(b->stream, -1);
+  decrease_stat(stats_.active, s, 1);
+  decrease_stat(stats_.active_bytes, s, static_cast<std::int64_t>(b->size));
   b->requested_size = 0;
 }
 
@@ -624,37 +639,42 @@ void caching_allocator::deactivate_locked(block* b) {
 // free neighbours at the free and for a best-fit search and a split at the
 // allocation, and get the same memory back. The last k_capacity such
 // frees of the default pool stay whole instead, outside the free sets and
-// apart from coalescing (no neighbour merges with them); a request of
+// apart from coalescing (no neighbour merges with them), and keep their
+// pointer map entries (a free of one finds it not allocated); a request of
 // their size and stream takes the newest one back when the search would
 // have handed out exactly that block (take_recent_locked), so placement is
 // the same as without them. Anything else returns them all to their pools
-// first: an allocation that misses, a capture, empty_cache, and every
-// reader of stats, snapshots or free memory. So every search, stitch and
-// release sees the merged free memory it would see without them. Their
-// active stats fall and their free_completed trace entries are written at
-// the free, as without them; only the inactive-split counts wait for the
-// return (readers flush first, so they see them right), and the cumulative
-// inactive-split counters miss the merge and split a reuse skips. Blocks
-// with stream uses, and blocks of private pools, return as before. A
-// workload whose requests rarely repeat a size would pay a little for
-// keeping and gain nothing, so keeping pauses while few kept blocks come
-// back (recent_frees::keep_next).
-void caching_allocator::keep_recent_locked(block* b) {
+// first: an allocation that misses, a capture, empty_cache, restore_pool,
+// and every reader of stats, snapshots or free memory. So every search,
+// stitch and release sees the merged free memory it would see without
+// them. Their active stats fall and their free_completed trace entries are
+// written at the free, as without them (a reuse restores those counts
+// without peak checks, reuse_recent_locked says why); only the
+// inactive-split counts wait for the return (readers flush first, so they
+// see them right), and the cumulative inactive-split counters miss the
+// merge and split a reuse skips. Their streams' active blocks for mid-size
+// requests (active_by_stream_) also count them until the return, and a
+// request leaves them out. Blocks with stream uses, and blocks of private
+// pools, return as before. A workload whose requests rarely repeat a size
+// would pay a little for keeping and gain nothing, so keeping pauses while
+// few kept blocks come back (recent_frees::keep_next).
+inline void caching_allocator::keep_recent_locked(block* b) {
   deactivate_locked(b);
   b->recent = true;
-  if (block* evicted = recent_.push(b)) {
-    evicted->recent = false;
-    release_to_pool_locked(evicted);
-  }
+  if (block* evicted = recent_.push(b)) return_recent_locked(evicted);
+}
+
+void caching_allocator::return_recent_locked(block* b) {
+  b->recent = false;
+  active_by_stream_.add(b->stream, -1);
+  allocated_.erase(b->address);
+  release_to_pool_locked(b);
 }
 
 void caching_allocator::flush_recent_locked() const {
   // Logically const: the blocks return to the pools they are counted in.
   auto* self = const_cast<caching_allocator*>(this);
-  recent_.drain([self](block* b) {
-    b->recent = false;
-    self->release_to_pool_locked(b);
-  });
+  recent_.drain([self](block* b) { self->return_recent_locked(b); });
 }
 
 // The newest recent free of this size and stream, if the search and split
@@ -668,8 +688,7 @@ void caching_allocator::flush_recent_locked() const {
 // grow into one counts as one), and must be split, or be the block itself.
 // When any of that is in doubt the answer is nullptr: the caller then
 // returns every recent free and searches as usual.
-block* caching_allocator::take_recent_locked(const free_block_index& free_set, std::size_t rounded,
-                                             stream_handle stream, bool small) {
+block* caching_allocator::take_recent_locked(std::size_t rounded, stream_handle stream, bool small) {
   block* b = recent_.newest(rounded, stream, small);
   if (b == nullptr) return nullptr;
   const auto joins = [stream](const block* n) {
@@ -688,6 +707,7 @@ block* caching_allocator::take_recent_locked(const free_block_index& free_set, s
   if (!policy_.may_reuse(run, rounded)) return nullptr;
   if (chunk_start_gap(b, run, rounded) != 0) return nullptr;  // the search would place it elsewhere
   if (run != rounded && !policy_.should_split(run, rounded, small, b->owner->expandable())) return nullptr;
+  const free_block_index& free_set = small ? default_pool_.small : default_pool_.large;
   const block* best = rest != nullptr ? free_set.best_fit_besides(stream, rounded, rest) : free_set.best_fit(stream, rounded);
   if (best != nullptr && (best->size < run || (best->size == run && best->address < b->address))) return nullptr;
   recent_.remove(b);
@@ -1162,12 +1182,12 @@ allocator_config caching_allocator::config() const {
 
 bool caching_allocator::owns(const void* ptr) const {
   std::lock_guard<adaptive_mutex> lock(mutex_);
-  return allocated_.find(to_address(ptr)) != nullptr;
+  return allocated_block_locked(ptr) != nullptr;
 }
 
 std::size_t caching_allocator::allocation_size(const void* ptr) const {
   std::lock_guard<adaptive_mutex> lock(mutex_);
-  const block* b = allocated_.find(to_address(ptr));
+  const block* b = allocated_block_locked(ptr);
   if (b == nullptr) throw usage_error(describe_unknown_pointer_locked(ptr));
   return b->size;
 }
@@ -1251,17 +1271,19 @@ void caching_allocator::delete_block_locked(block* b) {
 //   owned by it, sizes summing to the segment size.
 // - No two address-adjacent free blocks share a stream (they coalesce).
 // - Free blocks are exactly the members of the free sets, each in the set
-//   of its segment's pool; allocated blocks are exactly the map's entries.
+//   of its segment's pool; the allocated blocks and the recent frees are
+//   exactly the pointer map's entries.
 // - Each free set's free_block_index is sound (Note [size classes]): bitmap
 //   bits match the non-empty classes, heaps are in address order with
 //   intact links, each block is kept under its own stream and size, counts
 //   add up, and no block is kept twice.
 // - Pending-event counts match the outstanding events.
 // - The blocks marked recent are exactly the recent frees: freed, with no
-//   pending events or stream uses, in the default pool, inactive, outside
-//   the free sets and apart from coalescing (Note [recent frees]).
+//   pending events or stream uses, in the default pool, inactive, in the
+//   pointer map, outside the free sets and apart from coalescing (Note
+//   [recent frees]).
 // - Every stat's current value equals a recount from the blocks, and so
-//   do the default pool's active blocks per stream.
+//   do the default pool's active blocks per stream (with the recent frees).
 
 void caching_allocator::validate() const {
   std::lock_guard<adaptive_mutex> lock(mutex_);
@@ -1327,6 +1349,8 @@ void caching_allocator::validate() const {
         if (b->allocated || b->pending_events != 0 || !b->stream_uses.empty() || s->pool != 0) {
           fail("a recent free is allocated, pending, used by other streams or outside the default pool");
         }
+        if (allocated_.find(b->address) != b) fail("recent free missing from the pointer map");
+        active_recount.add(b->stream, 1);  // counted until it returns to its pool
       }
       if (b->is_free()) {
         ++free_blocks;
@@ -1370,7 +1394,9 @@ void caching_allocator::validate() const {
   std::sort(mapped_chunks.begin(), mapped_chunks.end());
   if (std::adjacent_find(mapped_chunks.begin(), mapped_chunks.end()) != mapped_chunks.end()) fail("a chunk is mapped twice");
   if (static_cast<std::int64_t>(mapped_chunks.size()) != stats_.mapped_chunks.current) fail("mapped_chunks stat");
-  if (allocated_.size() != allocated_blocks) fail("pointer map holds blocks that are not allocated");
+  if (allocated_.size() != allocated_blocks + recent_blocks) {
+    fail("pointer map holds blocks that are neither allocated nor recent frees");
+  }
   if (recent_.size() != recent_blocks) fail("recent frees and blocks marked recent differ in number");
   for (std::size_t i = 0; i < recent_.size(); ++i) {
     if (!recent_.at(i)->recent) fail("a recent free is not marked recent");

@@ -223,6 +223,9 @@ pool_checkpoint caching_allocator::checkpoint_pool(pool_id id) const {
 pool_restore_result caching_allocator::restore_pool(const pool_checkpoint& state) {
   locked_call call(*this);
   const std::vector<segment*> targets = restorable_segments_locked(state);
+  // Its allocations raise stats past what the recent frees took away, which
+  // a reuse of one must not see (Note [recent frees]).
+  flush_recent_locked();
   pool_restore_result out;
   std::vector<block*> live;
   for (const auto& [address, s] : segments_) {
@@ -321,6 +324,7 @@ void caching_allocator::rebuild_segment_locked(segment* s, const pool_checkpoint
   for (block* b = s->first; b != nullptr; b = b->next) {
     while (recorded->address != b->address) ++recorded;
     if (b->allocated) {
+      allocated_.insert(b->address, b);
       mark_allocated_locked(b, recorded->requested_size);
       out->allocated.push_back(reinterpret_cast<void*>(b->address));
     }
@@ -357,7 +361,7 @@ bool caching_allocator::pool_allocations_match(pool_id id, const std::vector<con
 
 caching_allocator::shareable_range caching_allocator::share_range(const void* ptr) const {
   std::lock_guard<adaptive_mutex> lock(mutex_);
-  const block* b = allocated_.find(to_address(ptr));
+  const block* b = allocated_block_locked(ptr);
   if (b == nullptr) throw usage_error("share_range: " + describe_unknown_pointer_locked(ptr));
   const segment* s = b->owner;
   shareable_range out;

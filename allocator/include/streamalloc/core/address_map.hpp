@@ -15,13 +15,18 @@ class address_map {
  public:
   address_map() : slots_(k_initial_slots) {}
 
-  block* find(std::uintptr_t address) const {
+  block* find(std::uintptr_t address) const { return slots_[slot_of(address)].value; }
+
+  // Where the address is (or, when absent, an empty slot), so that erasing
+  // a found entry (erase_at) needs no second probe. Valid until the map
+  // next changes.
+  std::size_t slot_of(std::uintptr_t address) const {
     for (std::size_t i = index_of(address);; i = (i + 1) & mask()) {
       const slot& s = slots_[i];
-      if (s.value == nullptr) return nullptr;
-      if (s.key == address) return s.value;
+      if (s.value == nullptr || s.key == address) return i;
     }
   }
+  block* at(std::size_t i) const { return slots_[i].value; }
 
   // The address must not be present.
   void insert(std::uintptr_t address, block* value) {
@@ -32,12 +37,14 @@ class address_map {
 
   // Removes and returns the entry, or nullptr when absent.
   block* erase(std::uintptr_t address) {
-    std::size_t i = index_of(address);
-    for (;; i = (i + 1) & mask()) {
-      if (slots_[i].value == nullptr) return nullptr;
-      if (slots_[i].key == address) break;
-    }
+    const std::size_t i = slot_of(address);
     block* found = slots_[i].value;
+    if (found != nullptr) erase_at(i);
+    return found;
+  }
+
+  // Removes the entry of a slot_of that found one.
+  void erase_at(std::size_t i) {
     // Shift later members of the probe run back so lookups never stop early.
     for (std::size_t j = (i + 1) & mask();; j = (j + 1) & mask()) {
       if (slots_[j].value == nullptr) break;
@@ -49,7 +56,6 @@ class address_map {
     }
     slots_[i] = slot{};
     --size_;
-    return found;
   }
 
   std::size_t size() const { return size_; }

@@ -317,13 +317,17 @@ class caching_allocator {
     return (left != nullptr && left->mapped ? 1 : 0) + (right != nullptr && right->mapped ? 1 : 0);
   }
   block* take_block_locked(block* b, std::size_t rounded, std::size_t requested);
-  std::size_t chunk_start_gap(const block* b, std::size_t run, std::size_t rounded) const;
+  // Inline (defined in caching_allocator.cpp, their only user): on the path
+  // of a same-size free and reuse.
+  inline std::size_t chunk_start_gap(const block* b, std::size_t run, std::size_t rounded) const;
   void return_to_pool_locked(block* b);
   void release_to_pool_locked(block* b);
-  void deactivate_locked(block* b);
-  void keep_recent_locked(block* b);
-  block* take_recent_locked(const free_block_index& free_set, std::size_t rounded, stream_handle stream, bool small);
+  inline void deactivate_locked(block* b);
+  inline void keep_recent_locked(block* b);
+  block* take_recent_locked(std::size_t rounded, stream_handle stream, bool small);
   void flush_recent_locked() const;
+  // A recent free leaves the pointer map and goes to its pool.
+  void return_recent_locked(block* b);
   void insert_free_locked(block* b);
   void erase_free_locked(block* b);
   void process_events_locked();
@@ -359,22 +363,46 @@ class caching_allocator {
   std::vector<segment*> restorable_segments_locked(const pool_checkpoint& state) const;
   // Ends an allocation that restore_pool declares dead: no events, no uses.
   void end_allocation_locked(block* b);
-  // The bookkeeping of handing out a block already cut to size, and of
-  // taking it back once the caller has removed it from the pointer map
-  // (before its memory is reusable).
+  // The bookkeeping of handing out a block already cut to size (the caller
+  // puts it in the pointer map unless it is a recent free, whose entry
+  // stayed), and of taking it back (before its memory is reusable).
   void mark_allocated_locked(block* b, std::size_t requested);
-  void unmark_allocated_locked(block* b);
+  // Inline: most of a free's work.
+  void unmark_allocated_locked(block* b) {
+    b->allocated = false;
+    segment* s = b->owner;
+    // free_completed follows, now or once the block's stream uses end
+    // (return_to_pool_locked), as in torch's history.
+    record_trace_locked(trace_action::free_requested, b->address, b->requested_size, b->stream, s->pool);
+    decrease_stat(stats_.allocation, s, 1);
+    decrease_stat(stats_.allocated_bytes, s, static_cast<std::int64_t>(b->size));
+    decrease_stat(stats_.requested_bytes, s, static_cast<std::int64_t>(b->requested_size));
+    if (policy_.is_oversize(b->size)) stats_.oversize_allocations.decrease(1);
+  }
+  // mark_allocated_locked for a recent free taken back (Note [recent frees]).
+  inline void reuse_recent_locked(block* b, std::size_t requested);
   void rebuild_segment_locked(segment* s, const pool_checkpoint::segment_state& state, pool_restore_result* out);
   // Adds to (or, negative, takes from) the "all" entry and the segment's pool entry.
   static void update_stat(stat_array& array, const segment* s, std::int64_t delta) {
-    stat_counter& pool = at(array, pool_stat(s->is_small));
     if (delta >= 0) {
-      at(array, stat_type::all).increase(delta);
-      pool.increase(delta);
+      increase_stat(array, s, delta);
     } else {
-      at(array, stat_type::all).decrease(-delta);
-      pool.decrease(-delta);
+      decrease_stat(array, s, -delta);
     }
+  }
+  // update_stat where the sign is known, for the frequent callers: no branch on it.
+  static void increase_stat(stat_array& array, const segment* s, std::int64_t amount) {
+    at(array, stat_type::all).increase(amount);
+    at(array, pool_stat(s->is_small)).increase(amount);
+  }
+  static void decrease_stat(stat_array& array, const segment* s, std::int64_t amount) {
+    at(array, stat_type::all).decrease(amount);
+    at(array, pool_stat(s->is_small)).decrease(amount);
+  }
+  // increase_stat of an amount that keeps every current at or below its peak.
+  static void restore_stat(stat_array& array, const segment* s, std::int64_t amount) {
+    at(array, stat_type::all).restore(amount);
+    at(array, pool_stat(s->is_small)).restore(amount);
   }
   [[noreturn]] void raise_oom_locked(std::size_t requested, stream_handle stream = 0, pool_id pool = 0);
   std::string describe_unknown_pointer_locked(const void* ptr) const;
@@ -438,14 +466,24 @@ class caching_allocator {
   // Pending frees whose event could not be recorded: they wait for a
   // successful device synchronization.
   std::vector<block*> awaiting_device_sync_;
+  // The pointer map: the allocated blocks, and the recent frees, whose
+  // entries stay so that taking one back inserts nothing (Note [recent
+  // frees]).
   address_map allocated_;
+  // The allocated block at `ptr`, or nullptr.
+  block* allocated_block_locked(const void* ptr) const {
+    block* b = allocated_.find(reinterpret_cast<std::uintptr_t>(ptr));
+    return b != nullptr && b->allocated ? b : nullptr;
+  }
   // Note [recent frees]: default-pool blocks freed last, kept whole for a
   // request of the same size and stream. Mutable: a const reader (stats,
   // snapshot) returns them to their pools first, which changes nothing a
   // caller can observe.
   mutable recent_frees recent_;
   // Note [mid-size requests]: the default pool's active blocks per stream,
-  // so a mid-size request can tell a stream that holds no memory.
+  // so a mid-size request can tell a stream that holds no memory. A recent
+  // free stays counted until it returns to its pool, so a reuse leaves the
+  // count alone (Note [recent frees]).
   stream_counts active_by_stream_;
   std::map<std::uintptr_t, segment*> segments_;
   // Outstanding events per stream, in record order: a stream's events

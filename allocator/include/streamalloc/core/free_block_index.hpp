@@ -243,6 +243,8 @@ inline block* free_block_index::best_fit(stream_handle stream, std::size_t bytes
 }
 
 inline block* free_block_index::best_fit_besides(stream_handle stream, std::size_t bytes, const block* skip) const {
+  // skip alone here (a segment's remainder behind a repeated request): no search.
+  if (size_ == 1) return nullptr;
   block* best = best_fit(stream, bytes);
   if (best != skip) return best;
   const std::size_t c = class_of(skip->size);

@@ -40,6 +40,11 @@ class recent_frees {
   void count_hit() { ++hits_; }
 
   bool empty() const { return count_ == 0; }
+  std::size_t count_on(stream_handle stream) const {
+    std::size_t n = 0;
+    for (std::size_t i = 0; i < count_; ++i) n += blocks_[i]->stream == stream ? 1 : 0;
+    return n;
+  }
   std::size_t size() const { return count_; }
   block* at(std::size_t i) const { return blocks_[i]; }
 

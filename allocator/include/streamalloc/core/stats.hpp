@@ -22,6 +22,11 @@ struct stat_counter {
     allocated += amount;
     if (current > peak) peak = current;
   }
+  // increase() where the caller knows current stays at or below peak.
+  void restore(std::int64_t amount) {
+    current += amount;
+    allocated += amount;
+  }
   void decrease(std::int64_t amount) {
     current -= amount;
     freed += amount;
