@@ -261,6 +261,12 @@ class caching_allocator {
   // and the OOM ladder, out of line so the recent-free path stays short.
   void* search_and_grow_locked(std::size_t bytes, std::size_t rounded, stream_handle stream, pool_id pool, bool small,
                                bool mid_size, bool capturing, bool opens_small);
+  // search_and_grow_locked after a miss in the stream's own free set (or
+  // before looking there, for a request that opens_small): the block to
+  // take, found, borrowed or grown; raises out_of_memory when there is none.
+  // Out of line, so that a hit does not set up what only a miss uses.
+  block* search_further_locked(std::size_t bytes, std::size_t rounded, stream_handle stream, pool_id pool, bool small,
+                               bool mid_size, bool capturing, bool opens_small);
   block* find_free_block_locked(free_block_index& pool, std::size_t rounded, stream_handle stream);
   // Note [cross-stream reuse]: the best fit among other streams' cached
   // blocks; handing `b` to `stream` through an event (false when the device
