@@ -752,8 +752,8 @@ void caching_allocator::insert_free_locked(block* b) {
   b->owner->free_set->insert(b);
   if (b->is_split()) {
     b->counted_inactive_split = true;
-    update_stat(stats_.inactive_split, b->owner, 1);
-    update_stat(stats_.inactive_split_bytes, b->owner, static_cast<std::int64_t>(b->size));
+    increase_stat(stats_.inactive_split, b->owner, 1);
+    increase_stat(stats_.inactive_split_bytes, b->owner, static_cast<std::int64_t>(b->size));
   }
 }
 
@@ -761,8 +761,8 @@ void caching_allocator::erase_free_locked(block* b) {
   b->owner->free_set->erase(b);
   if (b->counted_inactive_split) {
     b->counted_inactive_split = false;
-    update_stat(stats_.inactive_split, b->owner, -1);
-    update_stat(stats_.inactive_split_bytes, b->owner, -static_cast<std::int64_t>(b->size));
+    decrease_stat(stats_.inactive_split, b->owner, 1);
+    decrease_stat(stats_.inactive_split_bytes, b->owner, static_cast<std::int64_t>(b->size));
   }
 }
 
