@@ -748,15 +748,6 @@ void caching_allocator::release_to_pool_locked(block* b) {
   insert_free_locked(merged);
 }
 
-void caching_allocator::insert_free_locked(block* b) {
-  b->owner->free_set->insert(b);
-  if (b->is_split()) {
-    b->counted_inactive_split = true;
-    increase_stat(stats_.inactive_split, b->owner, 1);
-    increase_stat(stats_.inactive_split_bytes, b->owner, static_cast<std::int64_t>(b->size));
-  }
-}
-
 void caching_allocator::erase_free_locked(block* b) {
   b->owner->free_set->erase(b);
   if (b->counted_inactive_split) {
