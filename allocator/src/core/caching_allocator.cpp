@@ -491,22 +491,6 @@ block* caching_allocator::take_block_locked(block* b, std::size_t rounded, std::
   return b;
 }
 
-void caching_allocator::mark_allocated_locked(block* b, std::size_t requested) {
-  b->allocated = true;
-  b->requested_size = requested;
-  segment* s = b->owner;
-  const auto size = static_cast<std::int64_t>(b->size);
-  increase_stat(stats_.allocation, s, 1);
-  increase_stat(stats_.allocated_bytes, s, size);
-  increase_stat(stats_.active, s, 1);
-  increase_stat(stats_.active_bytes, s, size);
-  if (s->pool == 0) active_by_stream_.add(b->stream, 1);
-  increase_stat(stats_.requested_bytes, s, static_cast<std::int64_t>(requested));
-  if (policy_.is_oversize(b->size)) stats_.oversize_allocations.increase(1);
-  // torch's history reports the bytes the caller asked for.
-  record_trace_locked(trace_action::alloc, b->address, requested, b->stream, s->pool);
-}
-
 // Note [recent frees]: a recent free's allocated and active counts are
 // those its free took away (same size, stream and pool), and restoring
 // them passes no peak: a stat's current value plus what the recent frees

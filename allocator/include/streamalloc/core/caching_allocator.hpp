@@ -382,7 +382,22 @@ class caching_allocator {
   // The bookkeeping of handing out a block already cut to size (the caller
   // puts it in the pointer map unless it is a recent free, whose entry
   // stayed), and of taking it back (before its memory is reusable).
-  void mark_allocated_locked(block* b, std::size_t requested);
+  // Inline: mark_allocated_locked ends every allocation but a recent free's.
+  void mark_allocated_locked(block* b, std::size_t requested) {
+    b->allocated = true;
+    b->requested_size = requested;
+    segment* s = b->owner;
+    const auto size = static_cast<std::int64_t>(b->size);
+    increase_stat(stats_.allocation, s, 1);
+    increase_stat(stats_.allocated_bytes, s, size);
+    increase_stat(stats_.active, s, 1);
+    increase_stat(stats_.active_bytes, s, size);
+    if (s->pool == 0) active_by_stream_.add(b->stream, 1);
+    increase_stat(stats_.requested_bytes, s, static_cast<std::int64_t>(requested));
+    if (policy_.is_oversize(b->size)) stats_.oversize_allocations.increase(1);
+    // torch's history reports the bytes the caller asked for.
+    record_trace_locked(trace_action::alloc, b->address, requested, b->stream, s->pool);
+  }
   // Inline: most of a free's work.
   void unmark_allocated_locked(block* b) {
     b->allocated = false;
