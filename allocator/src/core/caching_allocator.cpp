@@ -143,6 +143,31 @@ void* caching_allocator::allocate_locked(std::size_t bytes, stream_handle stream
 void* caching_allocator::search_and_grow_locked(std::size_t bytes, std::size_t rounded, stream_handle stream,
                                                 pool_id pool, bool small, bool mid_size, bool capturing,
                                                 bool opens_small) {
+  // Stage 1: reclaim pending frees whose events have completed, so they are
+  // coalesced and counted inactive before the search (as PyTorch does).
+  // Costs nothing when no free is pending; event queries are not allowed
+  // while a capture is underway.
+  if (!pending_.empty() && !capturing) process_events_locked();
+  if (capturing && !capture_frees_.empty()) reclaim_reachable_frees_locked(stream, pool);
+
+  // Stage 2: best fit among this stream's cached blocks; the common hit
+  // takes no more.
+  block* found = nullptr;
+  if (!opens_small) {
+    free_block_index& free_set =
+        pool != 0 ? pool_for_locked(pool, small) : small ? default_pool_.small : default_pool_.large;
+    found = find_free_block_locked(free_set, rounded, stream);
+  }
+  if (found == nullptr) {
+    found = search_further_locked(bytes, rounded, stream, pool, small, mid_size, capturing, opens_small);
+  }
+  found = take_block_locked(found, rounded, bytes);
+  return reinterpret_cast<void*>(found->address);
+}
+
+block* caching_allocator::search_further_locked(std::size_t bytes, std::size_t rounded, stream_handle stream,
+                                                pool_id pool, bool small, bool mid_size, bool capturing,
+                                                bool opens_small) {
   free_block_index& free_set = pool_for_locked(pool, small);
   free_block_index* second_set = mid_size ? &pool_for_locked(pool, true) : nullptr;
   int grow_small = small ? 1 : -1;  // -1: not decided yet
@@ -151,20 +176,16 @@ void* caching_allocator::search_and_grow_locked(std::size_t bytes, std::size_t r
     return grow_any_locked(rounded, stream, pool, grow_small == 1, may_stitch);
   };
 
-  // Stage 1: reclaim pending frees whose events have completed, so they are
-  // coalesced and counted inactive before the search (as PyTorch does).
-  // Costs nothing when no free is pending; event queries are not allowed
-  // while a capture is underway.
-  if (!pending_.empty() && !capturing) process_events_locked();
-  if (capturing && !capture_frees_.empty()) reclaim_reachable_frees_locked(stream, pool);
-
-  // Stage 2: best fit among this stream's cached blocks.
+  // The rest of stage 2: the stream's own free set when search_and_grow_locked
+  // has not looked there yet, then the small free set of a mid-size request.
   block* found = nullptr;
-  if (opens_small && second_set->best_fit(stream, 1) == nullptr && !garbage_collection_due_locked()) {
-    grow_small = 1;
-    found = grow(/*may_stitch=*/!capturing);
+  if (opens_small) {
+    if (second_set->best_fit(stream, 1) == nullptr && !garbage_collection_due_locked()) {
+      grow_small = 1;
+      found = grow(/*may_stitch=*/!capturing);
+    }
+    if (found == nullptr) found = find_free_block_locked(free_set, rounded, stream);
   }
-  if (found == nullptr) found = find_free_block_locked(free_set, rounded, stream);
   if (found == nullptr && second_set != nullptr) found = find_free_block_locked(*second_set, rounded, stream);
 
   // Stage 3: Note [cross-stream reuse] -- borrow a block cached for another
@@ -227,9 +248,7 @@ void* caching_allocator::search_and_grow_locked(std::size_t bytes, std::size_t r
 
   // Stage 7: give up with the numbers the user needs.
   if (found == nullptr) raise_oom_locked(bytes, stream, pool);
-
-  found = take_block_locked(found, rounded, bytes);
-  return reinterpret_cast<void*>(found->address);
+  return found;
 }
 
 // Note [mid-size requests]: with expandable segments and small_size_kb:auto
@@ -470,22 +489,6 @@ block* caching_allocator::take_block_locked(block* b, std::size_t rounded, std::
   allocated_.insert(b->address, b);
   mark_allocated_locked(b, requested);
   return b;
-}
-
-void caching_allocator::mark_allocated_locked(block* b, std::size_t requested) {
-  b->allocated = true;
-  b->requested_size = requested;
-  segment* s = b->owner;
-  const auto size = static_cast<std::int64_t>(b->size);
-  increase_stat(stats_.allocation, s, 1);
-  increase_stat(stats_.allocated_bytes, s, size);
-  increase_stat(stats_.active, s, 1);
-  increase_stat(stats_.active_bytes, s, size);
-  if (s->pool == 0) active_by_stream_.add(b->stream, 1);
-  increase_stat(stats_.requested_bytes, s, static_cast<std::int64_t>(requested));
-  if (policy_.is_oversize(b->size)) stats_.oversize_allocations.increase(1);
-  // torch's history reports the bytes the caller asked for.
-  record_trace_locked(trace_action::alloc, b->address, requested, b->stream, s->pool);
 }
 
 // Note [recent frees]: a recent free's allocated and active counts are
@@ -729,21 +732,12 @@ void caching_allocator::release_to_pool_locked(block* b) {
   insert_free_locked(merged);
 }
 
-void caching_allocator::insert_free_locked(block* b) {
-  b->owner->free_set->insert(b);
-  if (b->is_split()) {
-    b->counted_inactive_split = true;
-    update_stat(stats_.inactive_split, b->owner, 1);
-    update_stat(stats_.inactive_split_bytes, b->owner, static_cast<std::int64_t>(b->size));
-  }
-}
-
 void caching_allocator::erase_free_locked(block* b) {
   b->owner->free_set->erase(b);
   if (b->counted_inactive_split) {
     b->counted_inactive_split = false;
-    update_stat(stats_.inactive_split, b->owner, -1);
-    update_stat(stats_.inactive_split_bytes, b->owner, -static_cast<std::int64_t>(b->size));
+    decrease_stat(stats_.inactive_split, b->owner, 1);
+    decrease_stat(stats_.inactive_split_bytes, b->owner, static_cast<std::int64_t>(b->size));
   }
 }
 

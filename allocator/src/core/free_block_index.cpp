@@ -63,17 +63,14 @@ free_block_index::free_block_index(std::size_t class_bytes, node_recycler* recyc
 free_block_index::stream_bins* free_block_index::find_bins(stream_handle stream) const {
   auto it = stream_position(streams_, stream);
   if (it == streams_.end() || (*it)->stream != stream) return nullptr;
-  stream_bins* found = it->get();
-  recent_[1] = recent_[0];
-  recent_[0] = found;
-  return found;
+  last_ = cache_[cache_slot(stream)] = it->get();
+  return last_;
 }
 
 free_block_index::stream_bins& free_block_index::add_stream(stream_handle stream) {
   auto it = streams_.insert(stream_position(streams_, stream), std::make_unique<stream_bins>(stream));
-  recent_[1] = recent_[0];
-  recent_[0] = it->get();
-  return *recent_[0];
+  last_ = cache_[cache_slot(stream)] = it->get();
+  return *last_;
 }
 
 block* free_block_index::merge_pairs(block* first) {
@@ -189,6 +186,14 @@ std::string free_block_index::first_violation() const {
     if (entry.b->tree_position != it) return "a block's tree position is stale";
   }
   if (seen.size() != size_) return "the index's block count is off";
+  if (last_ != nullptr && cache_[cache_slot(last_->stream)] != last_) return "the last stream looked up is not cached";
+  for (std::size_t slot = 0; slot < std::size(cache_); ++slot) {
+    const stream_bins* cached = cache_[slot];
+    if (cached == nullptr) continue;
+    if (cache_slot(cached->stream) != slot) return "a stream is cached in another stream's slot";
+    auto it = stream_position(streams_, cached->stream);
+    if (it == streams_.end() || it->get() != cached) return "a cached stream is not among the index's streams";
+  }
   for (const block* b : seen) {
     if ((b->size & (class_bytes() - 1)) != 0) return "a block size is not a multiple of the class width";
   }

@@ -46,10 +46,12 @@ class address_map {
   // Removes the entry of a slot_of that found one.
   void erase_at(std::size_t i) {
     // Shift later members of the probe run back so lookups never stop early.
+    // A member stays when its home lies in (i, j] (wrapping around): it is
+    // nearer its home than the hole is.
     for (std::size_t j = (i + 1) & mask();; j = (j + 1) & mask()) {
       if (slots_[j].value == nullptr) break;
       const std::size_t home = index_of(slots_[j].key);
-      const bool stays = (i <= j) ? (i < home && home <= j) : (i < home || home <= j);
+      const bool stays = ((j - home) & mask()) < ((j - i) & mask());
       if (stays) continue;
       slots_[i] = slots_[j];
       i = j;

@@ -261,6 +261,12 @@ class caching_allocator {
   // and the OOM ladder, out of line so the recent-free path stays short.
   void* search_and_grow_locked(std::size_t bytes, std::size_t rounded, stream_handle stream, pool_id pool, bool small,
                                bool mid_size, bool capturing, bool opens_small);
+  // search_and_grow_locked after a miss in the stream's own free set (or
+  // before looking there, for a request that opens_small): the block to
+  // take, found, borrowed or grown; raises out_of_memory when there is none.
+  // Out of line, so that a hit does not set up what only a miss uses.
+  block* search_further_locked(std::size_t bytes, std::size_t rounded, stream_handle stream, pool_id pool, bool small,
+                               bool mid_size, bool capturing, bool opens_small);
   block* find_free_block_locked(free_block_index& pool, std::size_t rounded, stream_handle stream);
   // Note [cross-stream reuse]: the best fit among other streams' cached
   // blocks; handing `b` to `stream` through an event (false when the device
@@ -328,7 +334,17 @@ class caching_allocator {
   void flush_recent_locked() const;
   // A recent free leaves the pointer map and goes to its pool.
   void return_recent_locked(block* b);
-  void insert_free_locked(block* b);
+  // Inline: a split's remainder and a freed block go through it on most
+  // pairs. erase_free_locked stays out of line: inline too, it took GCC
+  // past its inlining budget, and free() called the lock's release.
+  void insert_free_locked(block* b) {
+    b->owner->free_set->insert(b);
+    if (b->is_split()) {
+      b->counted_inactive_split = true;
+      increase_stat(stats_.inactive_split, b->owner, 1);
+      increase_stat(stats_.inactive_split_bytes, b->owner, static_cast<std::int64_t>(b->size));
+    }
+  }
   void erase_free_locked(block* b);
   void process_events_locked();
   void complete_event_locked(const pending_event& entry);
@@ -366,7 +382,22 @@ class caching_allocator {
   // The bookkeeping of handing out a block already cut to size (the caller
   // puts it in the pointer map unless it is a recent free, whose entry
   // stayed), and of taking it back (before its memory is reusable).
-  void mark_allocated_locked(block* b, std::size_t requested);
+  // Inline: mark_allocated_locked ends every allocation but a recent free's.
+  void mark_allocated_locked(block* b, std::size_t requested) {
+    b->allocated = true;
+    b->requested_size = requested;
+    segment* s = b->owner;
+    const auto size = static_cast<std::int64_t>(b->size);
+    increase_stat(stats_.allocation, s, 1);
+    increase_stat(stats_.allocated_bytes, s, size);
+    increase_stat(stats_.active, s, 1);
+    increase_stat(stats_.active_bytes, s, size);
+    if (s->pool == 0) active_by_stream_.add(b->stream, 1);
+    increase_stat(stats_.requested_bytes, s, static_cast<std::int64_t>(requested));
+    if (policy_.is_oversize(b->size)) stats_.oversize_allocations.increase(1);
+    // torch's history reports the bytes the caller asked for.
+    record_trace_locked(trace_action::alloc, b->address, requested, b->stream, s->pool);
+  }
   // Inline: most of a free's work.
   void unmark_allocated_locked(block* b) {
     b->allocated = false;

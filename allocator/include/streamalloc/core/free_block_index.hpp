@@ -110,16 +110,21 @@ class free_block_index {
     s.group_bits[g / 64] &= ~(std::uint64_t{1} << (g % 64));
     if (s.group_bits[g / 64] == 0) s.summary &= ~(std::uint64_t{1} << (g / 64));
   }
+  // The slot of `stream` in the cache of stream lookups (Fibonacci hashing,
+  // so consecutive handles and pointer-like ones both spread).
+  static std::size_t cache_slot(stream_handle stream) {
+    return static_cast<std::size_t>((static_cast<std::uint64_t>(stream) * 0x9E3779B97F4A7C15ull) >>
+                                    (64 - k_cache_bits));
+  }
   stream_bins* bins_of(stream_handle stream) const {
-    stream_bins* s = recent_[0];
+    stream_bins* s = last_;
     if (s != nullptr && s->stream == stream) return s;
-    s = recent_[1];
+    s = cache_[cache_slot(stream)];
     if (s == nullptr || s->stream != stream) return find_bins(stream);
-    recent_[1] = recent_[0];
-    recent_[0] = s;
+    last_ = s;
     return s;
   }
-  // bins_of for a stream other than the two recent ones: a search.
+  // bins_of on a cache miss: a search, whose result takes the slot.
   stream_bins* find_bins(stream_handle stream) const;
   stream_bins& add_stream(stream_handle stream);
   // Pairing heap of one class, ordered by address.
@@ -148,9 +153,15 @@ class free_block_index {
   std::size_t max_class_request_;  // the largest request a class can serve
   std::size_t size_ = 0;
   std::vector<std::unique_ptr<stream_bins>> streams_;  // ascending by stream
-  // The last two streams looked up, newest first: two streams handing blocks
-  // to each other (cross-stream reuse) find both here.
-  mutable stream_bins* recent_[2] = {};
+  // The stream looked up last, checked first: one stream at a time skips
+  // the hashing. Then a direct-mapped cache of streams_ by cache_slot: the
+  // streams of a device (a handful, used round-robin or handing blocks to
+  // each other) each keep a slot, so a lookup is a load and a compare
+  // instead of a search. Both stay valid because stream_bins live as long
+  // as the index.
+  static constexpr unsigned k_cache_bits = 6;
+  mutable stream_bins* last_ = nullptr;
+  mutable stream_bins* cache_[std::size_t{1} << k_cache_bits] = {};
   free_block_tree tree_;  // blocks without a class, all streams
 };
 
