@@ -500,17 +500,13 @@ block* caching_allocator::take_block_locked(block* b, std::size_t rounded, std::
 // reset_peak_stats return the recent frees first). Its requested bytes
 // may differ: that stat is updated in full. Its pointer map entry stayed.
 inline void caching_allocator::reuse_recent_locked(block* b, std::size_t requested) {
-  b->allocated = true;
-  b->requested_size = requested;
   segment* s = b->owner;
   const auto size = static_cast<std::int64_t>(b->size);
   restore_stat(stats_.allocation, s, 1);
   restore_stat(stats_.allocated_bytes, s, size);
   restore_stat(stats_.active, s, 1);
   restore_stat(stats_.active_bytes, s, size);
-  increase_stat(stats_.requested_bytes, s, static_cast<std::int64_t>(requested));
-  if (policy_.is_oversize(b->size)) stats_.oversize_allocations.increase(1);
-  record_trace_locked(trace_action::alloc, b->address, requested, b->stream, s->pool);
+  hand_out_locked(b, requested);
 }
 
 // ---------------------------------------------------------------------------

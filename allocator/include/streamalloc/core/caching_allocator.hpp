@@ -384,8 +384,6 @@ class caching_allocator {
   // stayed), and of taking it back (before its memory is reusable).
   // Inline: mark_allocated_locked ends every allocation but a recent free's.
   void mark_allocated_locked(block* b, std::size_t requested) {
-    b->allocated = true;
-    b->requested_size = requested;
     segment* s = b->owner;
     const auto size = static_cast<std::int64_t>(b->size);
     increase_stat(stats_.allocation, s, 1);
@@ -393,6 +391,14 @@ class caching_allocator {
     increase_stat(stats_.active, s, 1);
     increase_stat(stats_.active_bytes, s, size);
     if (s->pool == 0) active_by_stream_.add(b->stream, 1);
+    hand_out_locked(b, requested);
+  }
+  // What every hand-out records, a recent free's too: the block's state,
+  // the requested bytes, the oversize count and the trace entry.
+  void hand_out_locked(block* b, std::size_t requested) {
+    b->allocated = true;
+    b->requested_size = requested;
+    segment* s = b->owner;
     increase_stat(stats_.requested_bytes, s, static_cast<std::int64_t>(requested));
     if (policy_.is_oversize(b->size)) stats_.oversize_allocations.increase(1);
     // torch's history reports the bytes the caller asked for.
