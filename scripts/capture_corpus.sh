@@ -41,6 +41,14 @@ corpus=(
   "fsdp2_streams2|fsdp2_streams.py|--streams 2"
   "fsdp2_streams4|fsdp2_streams.py|--streams 4"
   "inference_server|inference_server.py|--streams 2"
+  "bert_serve_inflight8|bert_serve.py|--seed 1 --max-batch 32 --in-flight 8"
+  "fsdp2_streams2_deep|fsdp2_streams.py|--streams 2 --seed 1 --layers 24 --world 4"
+  "fsdp2_streams4_long|fsdp2_streams.py|--streams 4 --seed 2 --batch 4 --max-len 2048"
+  "hf_generate_dynamic_long|hf_generate.py|--cache dynamic --seed 2 --min-batch 4 --max-batch 24 --max-new 96"
+  "hf_generate_static_wide|hf_generate.py|--cache static --seed 1 --max-batch 32 --max-prompt 768"
+  "hf_llama_train_longctx|hf_llama_train.py|--seed 1 --batch 4 --min-len 128 --max-len 2048 --steps 16"
+  "moe_train_top1|moe_train.py|--seed 1 --experts 16 --top-k 1"
+  "offload_activations_4mb|offload_activations.py|--seed 1 --threshold-mb 4 --batch 8"
 )
 existing=(gpt2_train_varlen gpt2_generate resnet50_fixed_batch)
 

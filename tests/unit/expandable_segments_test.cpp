@@ -367,25 +367,34 @@ TEST_CASE("expandable: stitching takes the idle chunks of the free block after t
   f.check_consistent();
 }
 
-TEST_CASE("expandable: a request that also takes the free block after its hole keeps all of it", "[expandable]") {
+TEST_CASE("expandable: a request that also takes the front of the free block after its hole stitches that block's tail",
+          "[expandable]") {
   sim_fixture f(vmm_device());
   void* p = f.alloc.allocate(8_MiB, f.s1);
   void* q = f.alloc.allocate(8_MiB, f.s2);
   void* r = f.alloc.allocate(2_MiB, f.s1);
   f.alloc.free(p);
   f.alloc.empty_cache();
-  f.alloc.free(q);
+  f.alloc.free(q);  // [hole 8 MiB][q 8 MiB free, s2][r]
   f.alloc.reset_peak_stats();
+  REQUIRE(reserved(f) == static_cast<std::int64_t>(10_MiB));
+  const std::int64_t unmaps_before = f.stats().num_chunk_unmaps;
 
-  // 12 MiB of s2: the whole hole and the front of q, which is s2's. q's
-  // chunks are part of the request, so none of them is a donor: the hole's
-  // four chunks are new.
+  // 12 MiB of s2: the whole hole and the first 4 MiB of q, which is s2's.
+  // The two chunks of q past that part are idle and move into the hole;
+  // two chunks are new.
   void* y = f.alloc.allocate(12_MiB, f.s2);
   f.check_consistent();
   CHECK(addr(y) == addr(p));
-  CHECK(f.stats().num_stitched_blocks == 0);
-  CHECK(reserved(f) == static_cast<std::int64_t>(18_MiB));
-  for (void* b : {y, r}) f.alloc.free(b);
+  CHECK(f.stats().num_stitched_blocks == 1);
+  CHECK(f.stats().num_chunk_unmaps == unmaps_before + 2);
+  CHECK(reserved(f) == static_cast<std::int64_t>(14_MiB));  // not 18 MiB
+  // The moved chunks left a hole where q's tail was; the next request of
+  // that size maps there.
+  void* z = f.alloc.allocate(4_MiB, f.s2);
+  f.check_consistent();
+  CHECK(addr(z) == addr(q) + 4_MiB);
+  for (void* b : {y, z, r}) f.alloc.free(b);
   f.check_consistent();
 }
 

@@ -233,7 +233,9 @@ class caching_allocator {
     block* target = nullptr;
     block* prefix = nullptr;
     std::size_t chunks = 0;  // chunks to map at target's start
-    bool takes_after = false;  // the request also takes the free block after target
+    // Bytes the request takes from the front of the free block after target
+    // (0: none), when target mapped whole falls short.
+    std::size_t after_bytes = 0;
   };
 
   // --- trace events (trace_buffer.cpp) ---
