@@ -46,7 +46,7 @@ def main():
     p.add_argument("--max-new", type=int, default=64)
     args = p.parse_args()
     if args.tiny:
-        args.max_batch, args.min_prompt, args.max_prompt, args.min_new, args.max_new = 3, 4, 16, 2, 6
+        args.min_batch, args.max_batch, args.min_prompt, args.max_prompt, args.min_new, args.max_new = 1, 3, 4, 16, 2, 6
     w = _workload.run(f"hf_generate_{args.cache}", args)
 
     config = _workload.llama_config(args.tiny, TINY_POSITIONS)
