@@ -27,6 +27,7 @@
 #include "streamalloc/core/config.hpp"
 #include "streamalloc/util/errors.hpp"
 #include "streamalloc/util/json_writer.hpp"
+#include "peak_anatomy.hpp"
 #include "trace_reader.hpp"
 #include "trace_replay.hpp"
 
@@ -57,6 +58,7 @@ struct options {
   bool capacity_given = false;
   std::string conf;
   std::string timeline;
+  bool peak_anatomy = false;
   bool json = false;
   bool help = false;
   bool version = false;
@@ -92,6 +94,11 @@ void print_help() {
       "                    and write CSV `op,allocated_bytes,reserved_bytes` after\n"
       "                    every allocate/free (for scripts/plot_replay.py). FILE is\n"
       "                    opened before the replay starts. Not with --all\n"
+      "  --peak-anatomy    after the timed replay, replay twice more on fresh\n"
+      "                    allocators and tell where reserved memory stood just\n"
+      "                    before the allocation that set its peak: live bytes,\n"
+      "                    rounding, idle chunks stitching can move, free bytes in\n"
+      "                    chunks that also hold a live block. Not with --all\n"
       "  --conf TEXT       allocator settings \"key:value,...\" applied on top of\n"
       "                    the STREAMALLOC_CONF environment variable\n"
       "  --json            print one JSON object instead of a table\n"
@@ -197,6 +204,9 @@ options parse_options(int argc, char** argv) {
     } else if (arg == "--timeline") {
       opts.timeline = take_value();
       if (opts.timeline.empty()) throw usage_failure("--timeline needs a file name");
+    } else if (arg == "--peak-anatomy") {
+      if (has_value) throw usage_failure("--peak-anatomy takes no value");
+      opts.peak_anatomy = true;
     } else if (arg == "--conf") {
       opts.conf = take_value();
     } else if (arg.size() > 1 && arg[0] == '-') {
@@ -212,6 +222,7 @@ options parse_options(int argc, char** argv) {
   if (!opts.all_dir.empty()) {
     if (trace_given) throw usage_failure("give a trace or --all DIR, not both");
     if (!opts.timeline.empty()) throw usage_failure("--timeline takes one trace; not with --all");
+    if (opts.peak_anatomy) throw usage_failure("--peak-anatomy takes one trace; not with --all");
   } else if (!trace_given) {
     throw usage_failure("no trace given (or --all DIR)");
   }
@@ -260,13 +271,33 @@ void json_members(json_writer& w, const replay_result& r) {
   }
 }
 
-void print_json(const options& opts, const allocator_config& config, const replay_result& r) {
+// --peak-anatomy as a member of the current JSON object (null: nothing reserved).
+void json_anatomy(json_writer& w, const peak_anatomy& a) {
+  w.key("peak_anatomy");
+  if (!a.found) {
+    w.null();
+    return;
+  }
+  w.begin_object();
+  w.key("op").value(a.op).key("line").value(a.line).key("request_bytes").value(a.request_bytes);
+  w.key("stream").value(a.stream).key("reserved_before").value(a.reserved_before);
+  w.key("reserved_after").value(a.reserved_after).key("requested_bytes").value(a.requested_bytes);
+  w.key("rounding_bytes").value(a.rounding_bytes).key("pending_free_bytes").value(a.pending_free_bytes);
+  w.key("idle_chunk_bytes").value(a.idle_chunk_bytes).key("partly_used_free_bytes").value(a.partly_used_free_bytes);
+  w.key("plain_free_bytes").value(a.plain_free_bytes).key("mapped_runs").value(a.mapped_runs);
+  w.key("repeated").value(a.repeated);
+  w.end_object();
+}
+
+void print_json(const options& opts, const allocator_config& config, const replay_result& r,
+                const peak_anatomy* anatomy) {
   json_writer w;
   w.begin_object();
   w.key("tool").value(k_program).key("version").value(k_version);
   w.key("trace").value(opts.trace).key("backend").value(opts.backend);
   w.key("capacity_bytes").value(opts.capacity_bytes).key("config").value(config.to_string());
   json_members(w, r);
+  if (anatomy != nullptr) json_anatomy(w, *anatomy);
   w.end_object();
   std::printf("%s\n", w.str().c_str());
 }
@@ -298,6 +329,31 @@ std::string native_device_allocations(const replay_result& r) {
     text += std::to_string(r.native_segment_maps) + " mapped runs";
   }
   return text;
+}
+
+// --peak-anatomy in text, after the table.
+void print_anatomy(const peak_anatomy& a) {
+  if (!a.found) {
+    std::printf("\npeak anatomy: nothing was reserved\n");
+    return;
+  }
+  std::printf("\nreserved peak: allocate/free call %llu (trace line %llu) allocated %s on stream %llu\n"
+              "and took reserved memory from %s to %s. Just before it:\n",
+              static_cast<unsigned long long>(a.op), static_cast<unsigned long long>(a.line),
+              format_bytes(a.request_bytes).c_str(), static_cast<unsigned long long>(a.stream),
+              format_bytes(a.reserved_before).c_str(), format_bytes(a.reserved_after).c_str());
+  constexpr const char* k_line = "  %-44s %s\n";
+  std::printf(k_line, "live allocations (requested bytes)", format_bytes(a.requested_bytes).c_str());
+  std::printf(k_line, "their blocks beyond the request (rounding)", format_bytes(a.rounding_bytes).c_str());
+  std::printf(k_line, "freed, waiting for stream events", format_bytes(a.pending_free_bytes).c_str());
+  std::printf(k_line, "idle chunks (stitching can move them)", format_bytes(a.idle_chunk_bytes).c_str());
+  std::printf(k_line, "free bytes in chunks that hold a live block", format_bytes(a.partly_used_free_bytes).c_str());
+  std::printf(k_line, "free bytes of plain segments", format_bytes(a.plain_free_bytes).c_str());
+  std::printf("  (%zu mapped runs of expandable segments)\n", a.mapped_runs);
+  if (!a.repeated) {
+    std::printf("  warning: the second replay did not reach the same peak at that call; these\n"
+                "  figures describe another layout\n");
+  }
 }
 
 void print_table(const options& opts, const allocator_config& config, const replay_result& r) {
@@ -791,10 +847,16 @@ int main(int argc, char** argv) {
       caching_allocator allocator(*device.backend, config);
       result = replay_trace(events, allocator, opts.trace);
     }
+    std::unique_ptr<peak_anatomy> anatomy;
+    if (opts.peak_anatomy) {
+      anatomy = std::make_unique<peak_anatomy>(examine_reserved_peak(
+          events, [&] { return std::make_unique<caching_allocator>(*device.backend, config); }));
+    }
     if (opts.json) {
-      print_json(opts, config, result);
+      print_json(opts, config, result, anatomy.get());
     } else {
       print_table(opts, config, result);
+      if (anatomy) print_anatomy(*anatomy);
     }
     if (timeline) {
       caching_allocator fresh(*device.backend, config);

@@ -700,3 +700,43 @@ TEST_CASE("streamalloc-replay --all on the repository's traces", "[replay][tool]
   CHECK(run.output.find(": " + std::to_string(rows) + " traces") != std::string::npos);
   CHECK(run.output.find("over " + std::to_string(rows) + " traces replayed") != std::string::npos);
 }
+
+TEST_CASE("streamalloc-replay --peak-anatomy tells where reserved memory stood at its peak", "[replay][tool]") {
+  if (!replay_bin_present()) FAIL("streamalloc-replay not built at " << k_replay_bin);
+  temp_dir dir;
+  const std::string trace = quote(dir.write("small.csv", k_small_trace));
+
+  SECTION("text, after the table") {
+    const command_result run = run_replay("--peak-anatomy " + trace);
+    INFO(run.output);
+    REQUIRE(run.exit_code == 0);
+    CHECK(run.output.find("reserved peak: allocate/free call ") != std::string::npos);
+    for (const char* line : {"live allocations (requested bytes)", "idle chunks (stitching can move them)",
+                             "free bytes in chunks that hold a live block", "free bytes of plain segments"}) {
+      INFO(line);
+      CHECK(run.output.find(line) != std::string::npos);
+    }
+    CHECK(run.output.find("warning") == std::string::npos);
+  }
+  SECTION("JSON") {
+    const command_result run = run_replay("--json --peak-anatomy " + trace);
+    INFO(run.output);
+    REQUIRE(run.exit_code == 0);
+    CHECK(run.output.find("\"peak_anatomy\": {") != std::string::npos);
+    CHECK(json_value(run.output, "repeated") == "true");
+    CHECK(json_value(run.output, "reserved_after") == json_value(run.output, "peak_reserved_bytes"));
+  }
+  SECTION("without it, no anatomy") {
+    const command_result run = run_replay("--json " + trace);
+    CHECK(run.output.find("peak_anatomy") == std::string::npos);
+  }
+  SECTION("one trace only") {
+    const command_result run = run_replay("--peak-anatomy --all " + quote(dir.path().string()));
+    CHECK(run.exit_code == 2);
+    CHECK(run.output.find("--peak-anatomy takes one trace; not with --all") != std::string::npos);
+  }
+  SECTION("no value") {
+    const command_result run = run_replay("--peak-anatomy=1 " + trace);
+    CHECK(run.exit_code == 2);
+  }
+}

@@ -1,0 +1,140 @@
+#include "peak_anatomy.hpp"
+
+#include <algorithm>
+#include <unordered_map>
+
+namespace streamalloc {
+namespace {
+
+constexpr int k_all = static_cast<int>(stat_type::all);
+
+// Replays allocate/free calls in order; `before_alloc(op, event)` runs
+// before each allocation and stops the replay when it returns false.
+// Frees what is still live at the end.
+template <typename fn>
+void replay_calls(const std::vector<trace_file_event>& events, caching_allocator& allocator, fn&& before_alloc) {
+  std::unordered_map<std::uint64_t, void*> live;  // trace address -> allocator pointer
+  std::uint64_t op = 0;
+  const auto free_all = [&] {
+    for (const auto& entry : live) {
+      if (entry.second != nullptr) allocator.free(entry.second);
+    }
+    live.clear();
+  };
+  try {
+    for (const trace_file_event& e : events) {
+      if (e.action == trace_file_action::alloc) {
+        if (!before_alloc(op, e)) break;
+        live.emplace(e.addr, allocator.allocate(e.size, static_cast<stream_handle>(e.stream)));
+        ++op;
+      } else if (e.action == trace_file_action::free_completed) {
+        const auto it = live.find(e.addr);
+        if (it == live.end()) continue;  // replay_trace reports such a trace
+        void* ptr = it->second;
+        live.erase(it);
+        if (ptr != nullptr) allocator.free(ptr);
+        ++op;
+      }
+    }
+  } catch (...) {
+    free_all();
+    throw;
+  }
+  free_all();
+}
+
+std::size_t reserved_now(const caching_allocator& allocator) {
+  return static_cast<std::size_t>(allocator.stats().reserved_bytes[k_all].current);
+}
+
+// Adds the free bytes of `s` to `out`, cut into chunks of `chunk` bytes
+// from its start when it is a mapped run of an expandable segment.
+void count_free(const segment_info& s, std::size_t chunk, peak_anatomy* out) {
+  for (const block_info& b : s.blocks) {
+    if (b.state == block_state::active_allocated) {
+      out->requested_bytes += b.requested_size;
+      out->rounding_bytes += b.size - b.requested_size;
+    } else if (b.state == block_state::active_pending_free) {
+      out->pending_free_bytes += b.size;
+    }
+  }
+  if (!s.is_expandable || chunk == 0) {
+    for (const block_info& b : s.blocks) {
+      if (b.state == block_state::inactive) out->plain_free_bytes += b.size;
+    }
+    return;
+  }
+  ++out->mapped_runs;
+  // Bytes in use per chunk of the run; a chunk with none is idle.
+  std::vector<std::size_t> used((s.total_size + chunk - 1) / chunk, 0);
+  std::size_t free_bytes = 0;
+  for (const block_info& b : s.blocks) {
+    if (b.state == block_state::inactive) {
+      free_bytes += b.size;
+      continue;
+    }
+    const std::uintptr_t from = b.address - s.address;
+    const std::uintptr_t to = from + b.size;
+    for (std::size_t c = from / chunk; c < used.size() && c * chunk < to; ++c) {
+      used[c] += std::min<std::uintptr_t>(to, (c + 1) * chunk) - std::max<std::uintptr_t>(from, c * chunk);
+    }
+  }
+  const std::size_t idle = static_cast<std::size_t>(std::count(used.begin(), used.end(), std::size_t{0})) * chunk;
+  out->idle_chunk_bytes += idle;
+  out->partly_used_free_bytes += free_bytes - idle;
+}
+
+}  // namespace
+
+peak_anatomy examine_reserved_peak(const std::vector<trace_file_event>& events,
+                                   const std::function<std::unique_ptr<caching_allocator>()>& make_allocator) {
+  peak_anatomy out;
+  {
+    // Only an allocation raises reserved memory: the first one after which
+    // it stands at its highest set the peak.
+    std::unique_ptr<caching_allocator> allocator = make_allocator();
+    std::size_t previous = reserved_now(*allocator);
+    std::uint64_t pending_op = 0;
+    const trace_file_event* pending = nullptr;
+    const auto settle = [&] {
+      const std::size_t reserved = reserved_now(*allocator);
+      if (pending != nullptr && reserved > previous && reserved > out.reserved_after) {
+        out = peak_anatomy{};
+        out.found = true;
+        out.op = pending_op;
+        out.line = pending->line;
+        out.request_bytes = pending->size;
+        out.stream = pending->stream;
+        out.reserved_after = reserved;
+      }
+      previous = reserved;
+    };
+    replay_calls(events, *allocator, [&](std::uint64_t op, const trace_file_event& e) {
+      settle();
+      pending_op = op;
+      pending = &e;
+      return true;
+    });
+    settle();
+  }
+  if (!out.found) return out;
+
+  // The same replay again, reading the statistics at the same points (so
+  // that it takes the same path), stopped at that allocation.
+  std::unique_ptr<caching_allocator> allocator = make_allocator();
+  replay_calls(events, *allocator, [&](std::uint64_t op, const trace_file_event& e) {
+    out.reserved_before = reserved_now(*allocator);
+    if (op != out.op) return true;
+    const std::size_t chunk = allocator->config().vmm_chunk_bytes;
+    for (const segment_info& s : allocator->snapshot().segments) {
+      if (s.pool == 0) count_free(s, chunk, &out);
+    }
+    void* ptr = allocator->allocate(e.size, static_cast<stream_handle>(e.stream));
+    out.repeated = reserved_now(*allocator) == out.reserved_after;
+    allocator->free(ptr);
+    return false;
+  });
+  return out;
+}
+
+}  // namespace streamalloc

@@ -1,0 +1,53 @@
+// Where reserved memory stood when it peaked: replays a trace up to the
+// allocation that set the reserved peak and splits the reserved bytes just
+// before it into what lives there and what sits free, and of the free
+// bytes, what stitching could move (idle chunks) and what it cannot (free
+// bytes in chunks that also hold a block in use, free bytes of plain
+// segments). It says why a replay's ratio is above 1.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "streamalloc/core/caching_allocator.hpp"
+#include "trace_reader.hpp"
+
+namespace streamalloc {
+
+struct peak_anatomy {
+  bool found = false;  // false: the trace reserved nothing
+  // The allocation that set the reserved peak: its index among the trace's
+  // allocate/free calls (as in --timeline), its line, size and stream.
+  std::uint64_t op = 0;
+  std::uint64_t line = 0;
+  std::size_t request_bytes = 0;
+  std::uint64_t stream = 0;
+  std::size_t reserved_after = 0;  // the peak
+
+  // Just before that allocation, reserved_before = requested + rounding +
+  // pending_free + idle_chunk + partly_used_free + plain_free.
+  std::size_t reserved_before = 0;
+  std::size_t requested_bytes = 0;  // what live allocations asked for
+  std::size_t rounding_bytes = 0;   // their blocks beyond that
+  std::size_t pending_free_bytes = 0;  // freed, waiting for stream events
+  // Expandable segments: free chunks with no block in use, and free bytes in
+  // chunks that also hold one.
+  std::size_t idle_chunk_bytes = 0;
+  std::size_t partly_used_free_bytes = 0;
+  std::size_t plain_free_bytes = 0;  // free blocks of plain segments
+  std::size_t mapped_runs = 0;       // contiguous mapped runs of expandable segments
+  // The second replay reached the same peak at the same allocation (false
+  // would mean the replay is not repeatable, and the figures describe
+  // another layout).
+  bool repeated = false;
+};
+
+// `make_allocator` returns a fresh allocator on a fresh device each call
+// (two replays). Throws what the replays throw.
+peak_anatomy examine_reserved_peak(const std::vector<trace_file_event>& events,
+                                   const std::function<std::unique_ptr<caching_allocator>()>& make_allocator);
+
+}  // namespace streamalloc
