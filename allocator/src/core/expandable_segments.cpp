@@ -272,7 +272,10 @@ caching_allocator::placement caching_allocator::place_locked(const free_block_in
     }
     const bool better = best.target == nullptr || chunks < best.chunks ||
                         (chunks == best.chunks && set_order(target, best.target));
-    if (better) best = {target, extend ? before : nullptr, chunks, missing > chunks * chunk_bytes_ ? missing - chunks * chunk_bytes_ : 0};
+    if (better) {
+      const std::size_t mapped = chunks * chunk_bytes_;
+      best = {target, extend ? before : nullptr, chunks, missing > mapped ? missing - mapped : 0};
+    }
   });
   return best;
 }
