@@ -1,47 +1,13 @@
 #include "peak_anatomy.hpp"
 
 #include <algorithm>
-#include <unordered_map>
+
+#include "replay_calls.hpp"
 
 namespace streamalloc {
 namespace {
 
 constexpr int k_all = static_cast<int>(stat_type::all);
-
-// Replays allocate/free calls in order; `before_alloc(op, event)` runs
-// before each allocation and stops the replay when it returns false.
-// Frees what is still live at the end.
-template <typename fn>
-void replay_calls(const std::vector<trace_file_event>& events, caching_allocator& allocator, fn&& before_alloc) {
-  std::unordered_map<std::uint64_t, void*> live;  // trace address -> allocator pointer
-  std::uint64_t op = 0;
-  const auto free_all = [&] {
-    for (const auto& entry : live) {
-      if (entry.second != nullptr) allocator.free(entry.second);
-    }
-    live.clear();
-  };
-  try {
-    for (const trace_file_event& e : events) {
-      if (e.action == trace_file_action::alloc) {
-        if (!before_alloc(op, e)) break;
-        live.emplace(e.addr, allocator.allocate(e.size, static_cast<stream_handle>(e.stream)));
-        ++op;
-      } else if (e.action == trace_file_action::free_completed) {
-        const auto it = live.find(e.addr);
-        if (it == live.end()) continue;  // replay_trace reports such a trace
-        void* ptr = it->second;
-        live.erase(it);
-        if (ptr != nullptr) allocator.free(ptr);
-        ++op;
-      }
-    }
-  } catch (...) {
-    free_all();
-    throw;
-  }
-  free_all();
-}
 
 std::size_t reserved_now(const caching_allocator& allocator) {
   return static_cast<std::size_t>(allocator.stats().reserved_bytes[k_all].current);
@@ -114,7 +80,7 @@ peak_anatomy examine_reserved_peak(const std::vector<trace_file_event>& events,
       pending_op = op;
       pending = &e;
       return true;
-    });
+    }, [](std::uint64_t) {});
     settle();
   }
   if (!out.found) return out;
@@ -133,7 +99,7 @@ peak_anatomy examine_reserved_peak(const std::vector<trace_file_event>& events,
     out.repeated = reserved_now(*allocator) == out.reserved_after;
     allocator->free(ptr);
     return false;
-  });
+  }, [](std::uint64_t) {});
   return out;
 }
 

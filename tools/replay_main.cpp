@@ -28,6 +28,7 @@
 #include "streamalloc/util/errors.hpp"
 #include "streamalloc/util/json_writer.hpp"
 #include "peak_anatomy.hpp"
+#include "replay_calls.hpp"
 #include "trace_reader.hpp"
 #include "trace_replay.hpp"
 
@@ -549,39 +550,14 @@ void write_timeline(const std::vector<trace_file_event>& events, caching_allocat
   std::FILE* file = out.get();
   std::fputs("op,allocated_bytes,reserved_bytes\n", file);
   constexpr int k_all = static_cast<int>(stat_type::all);
-  std::unordered_map<std::uint64_t, void*> live;  // trace address -> allocator pointer
-  std::uint64_t op = 0;
-  const auto record = [&] {
-    const device_stats stats = allocator.stats();
-    std::fprintf(file, "%llu,%lld,%lld\n", static_cast<unsigned long long>(op++),
-                 static_cast<long long>(stats.requested_bytes[k_all].current),
-                 static_cast<long long>(stats.reserved_bytes[k_all].current));
-  };
-  const auto free_all = [&] {
-    for (const auto& entry : live) {
-      if (entry.second != nullptr) allocator.free(entry.second);
-    }
-    live.clear();
-  };
-  try {
-    for (const trace_file_event& e : events) {
-      if (e.action == trace_file_action::alloc) {
-        live.emplace(e.addr, allocator.allocate(e.size, static_cast<stream_handle>(e.stream)));
-        record();
-      } else if (e.action == trace_file_action::free_completed) {
-        // replay_trace has already checked that every free is of a live address.
-        const auto it = live.find(e.addr);
-        void* ptr = it->second;
-        live.erase(it);
-        if (ptr != nullptr) allocator.free(ptr);
-        record();
-      }
-    }
-  } catch (...) {
-    free_all();
-    throw;
-  }
-  free_all();
+  replay_calls(
+      events, allocator, [](std::uint64_t, const trace_file_event&) { return true; },
+      [&](std::uint64_t op) {
+        const device_stats stats = allocator.stats();
+        std::fprintf(file, "%llu,%lld,%lld\n", static_cast<unsigned long long>(op),
+                     static_cast<long long>(stats.requested_bytes[k_all].current),
+                     static_cast<long long>(stats.reserved_bytes[k_all].current));
+      });
   out.commit();
 }
 
