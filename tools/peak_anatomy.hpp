@@ -45,8 +45,9 @@ struct peak_anatomy {
   bool repeated = false;
 };
 
-// `make_allocator` returns a fresh allocator on a fresh device each call
-// (two replays). Throws what the replays throw.
+// `make_allocator` returns a fresh allocator each call (two replays; the
+// device may be the same, with the previous allocator gone). Throws what
+// the replays throw.
 peak_anatomy examine_reserved_peak(const std::vector<trace_file_event>& events,
                                    const std::function<std::unique_ptr<caching_allocator>()>& make_allocator);
 
