@@ -339,10 +339,11 @@ void print_anatomy(const peak_anatomy& a) {
     return;
   }
   std::printf("\nreserved peak: allocate/free call %llu (trace line %llu) allocated %s on stream %llu\n"
-              "and took reserved memory from %s to %s. Just before it:\n",
+              "and took reserved memory from %s to %s (+%s). Just before it:\n",
               static_cast<unsigned long long>(a.op), static_cast<unsigned long long>(a.line),
               format_bytes(a.request_bytes).c_str(), static_cast<unsigned long long>(a.stream),
-              format_bytes(a.reserved_before).c_str(), format_bytes(a.reserved_after).c_str());
+              format_bytes(a.reserved_before).c_str(), format_bytes(a.reserved_after).c_str(),
+              format_bytes(a.reserved_after - a.reserved_before).c_str());
   constexpr const char* k_line = "  %-44s %s\n";
   std::printf(k_line, "live allocations (requested bytes)", format_bytes(a.requested_bytes).c_str());
   std::printf(k_line, "their blocks beyond the request (rounding)", format_bytes(a.rounding_bytes).c_str());
