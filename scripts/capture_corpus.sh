@@ -49,6 +49,10 @@ corpus=(
   "hf_llama_train_longctx|hf_llama_train.py|--seed 1 --batch 4 --min-len 128 --max-len 2048 --steps 16"
   "moe_train_top1|moe_train.py|--seed 1 --experts 16 --top-k 1"
   "offload_activations_4mb|offload_activations.py|--seed 1 --threshold-mb 4 --batch 8"
+  "t5_beam_generate|t5_generate.py|"
+  "detection_train|detection_train.py|"
+  "lstm_train_varlen|lstm_varlen.py|"
+  "recsys_sparse_train|recsys_train.py|"
 )
 existing=(gpt2_train_varlen gpt2_generate resnet50_fixed_batch)
 
