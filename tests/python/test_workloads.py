@@ -8,6 +8,7 @@ skip with the reason."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import py_compile
 import re
@@ -76,3 +77,31 @@ def test_workload_runs_tiny_on_the_cpu(name, script, args):
     )
     assert proc.returncode == 0, f"{name}: exit {proc.returncode}\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
     assert proc.stdout.strip(), name
+
+
+def test_workload_time_runs_workloads_and_prints_their_times(tmp_path):
+    missing = _missing_modules()
+    if missing:
+        pytest.skip(f"needs {', '.join(missing)} (not importable here)")
+    out = tmp_path / "times.json"
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "workload_time.py"), "--smoke", "--workloads", "bert_serve,moe_train",
+         "--rounds", "2", "--json", str(out)],
+        capture_output=True, text=True, timeout=600, cwd=REPO / "bench",
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    rows = [line for line in proc.stdout.splitlines() if line.startswith(("| bert_serve |", "| moe_train |"))]
+    assert len(rows) == 2, proc.stdout
+    runs = json.loads(out.read_text())
+    for name in ("bert_serve", "moe_train"):
+        assert [r["mode"] for r in runs[name]["native"]] == ["native", "native"]
+        assert all(r["seconds"] > 0 for r in runs[name]["native"])
+
+
+def test_workload_time_rejects_names_outside_the_corpus():
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "workload_time.py"), "--workloads", "no_such_trace"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert proc.returncode == 2
+    assert "not in the corpus: ['no_such_trace']" in proc.stderr
