@@ -30,6 +30,29 @@ def mode_env(mode):
     return env
 
 
+def enter_mode(mode, tool):
+    """In a worker process, before anything touches CUDA: installs streamalloc
+    when `mode` is "streamalloc", sets up the CUDA context and allocator
+    outside any timing, and checks that torch's allocator backend is the
+    mode's. Returns the torch module; `tool` names the caller in errors."""
+    if mode == "streamalloc":
+        import streamalloc  # before torch makes any CUDA allocation
+
+        streamalloc.install()
+        if not streamalloc.is_installed():
+            raise SystemExit(f"{tool}: streamalloc.install() returned but streamalloc is not installed")
+    import torch
+
+    if not torch.cuda.is_available():
+        raise SystemExit(f"{tool}: torch sees no CUDA device")
+    torch.empty(1, device="cuda")
+    backend = torch.cuda.get_allocator_backend()
+    expected = TORCH_MODE_BACKEND.get(mode)
+    if expected is not None and backend != expected:
+        raise SystemExit(f"{tool}: mode {mode} expects torch allocator backend '{expected}', got '{backend}'")
+    return torch
+
+
 def run_worker(script, mode, args, timeout):
     """Runs `python SCRIPT --worker MODE --out FILE ARGS...` under
     mode_env(MODE), its stdout to our stderr, and returns the JSON object

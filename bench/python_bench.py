@@ -35,7 +35,7 @@ import os
 import sys
 import time
 
-from _driver import TORCH_MODE_BACKEND, TORCH_MODE_CONF, run_worker
+from _driver import TORCH_MODE_CONF, enter_mode, run_worker
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MODES = ["native", "expandable", "cuda_async", "streamalloc"]
@@ -192,24 +192,9 @@ def bench_resnet50(torch, warmup, steps, batch):
 
 
 def worker(mode, out_path, args):
-    streamalloc_config = None
-    if mode == "streamalloc":
-        # Before torch makes any CUDA allocation.
-        import streamalloc
-
-        streamalloc.install()
-        if not streamalloc.is_installed():
-            raise SystemExit("python_bench: streamalloc.install() returned but streamalloc is not installed")
-        streamalloc_config = streamalloc.config()
-    import torch
-
-    if not torch.cuda.is_available():
-        raise SystemExit("python_bench: torch sees no CUDA device")
-    torch.empty(1, device="cuda")  # CUDA context and allocator set up outside any timing
+    torch = enter_mode(mode, "python_bench")
+    streamalloc_config = sys.modules["streamalloc"].config() if mode == "streamalloc" else None
     backend = torch.cuda.get_allocator_backend()
-    expected = TORCH_MODE_BACKEND.get(mode)
-    if expected is not None and backend != expected:
-        raise SystemExit(f"python_bench: mode {mode} expects torch allocator backend '{expected}', got '{backend}'")
     result = {
         "mode": mode,
         "torch": torch.__version__,

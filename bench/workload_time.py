@@ -28,13 +28,12 @@ between rounds is the noise to read the differences against.
 import argparse
 import json
 import os
-import re
 import runpy
 import subprocess
 import sys
 import time
 
-from _driver import TORCH_MODE_BACKEND, run_worker
+from _driver import enter_mode, run_worker
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -72,21 +71,7 @@ def worker(mode, out_path, script, script_args, smoke):
         with open(out_path, "w") as f:
             json.dump({"mode": mode, "seconds": time.perf_counter() - start, "peak_allocated": 0, "peak_reserved": 0}, f)
         return
-    if mode == "streamalloc":
-        import streamalloc  # before torch makes any CUDA allocation
-
-        streamalloc.install()
-        if not streamalloc.is_installed():
-            raise SystemExit("workload_time: streamalloc.install() returned but streamalloc is not installed")
-    import torch
-
-    if not torch.cuda.is_available():
-        raise SystemExit("workload_time: torch sees no CUDA device")
-    torch.empty(1, device="cuda")  # CUDA context and allocator set up outside the timing
-    backend = torch.cuda.get_allocator_backend()
-    expected = TORCH_MODE_BACKEND.get(mode)
-    if expected is not None and backend != expected:
-        raise SystemExit(f"workload_time: mode {mode} expects torch allocator backend '{expected}', got '{backend}'")
+    torch = enter_mode(mode, "workload_time")
     torch.cuda.synchronize()
     sys.argv = [script, *script_args]
     start = time.perf_counter()
