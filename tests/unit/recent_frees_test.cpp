@@ -177,6 +177,59 @@ TEST_CASE("recent frees: placement is that of an allocator whose frees all retur
   }
 }
 
+TEST_CASE("recent frees: loops that free and ask again place as best fit does", "[recent_frees]") {
+  // Note [repeated reuse]: mostly loops (free the block allocated last, ask
+  // for its size again on its stream), between them other requests and
+  // frees on two streams; the same sequence on an allocator whose recent
+  // frees return after every free hands out the same addresses.
+  for (const device_kind& kind : device_kinds()) {
+    INFO(kind.name);
+    sim_fixture kept(kind.device);
+    sim_fixture returned(kind.device);
+    const std::size_t sizes[] = {512, 64_KiB, 1_MiB, 3_MiB, 6_MiB};
+    struct live_pair {
+      void* kept;
+      void* returned;
+      std::size_t bytes;
+      bool second_stream;
+    };
+    std::vector<live_pair> live;
+    std::uint64_t state = 20261202;
+    const auto next = [&state](std::uint64_t n) {
+      state = state * 6364136223846793005ull + 1442695040888963407ull;
+      return (state >> 33) % n;
+    };
+    const auto allocate = [&](std::size_t bytes, bool second_stream, int step) {
+      void* a = kept.alloc.allocate(bytes, second_stream ? kept.s2 : kept.s1);
+      void* b = returned.alloc.allocate(bytes, second_stream ? returned.s2 : returned.s1);
+      INFO("step " << step << ", " << bytes << " B");
+      REQUIRE(a == b);
+      live.push_back({a, b, bytes, second_stream});
+    };
+    const auto free_at = [&](std::size_t i) {
+      kept.alloc.free(live[i].kept);
+      returned.alloc.free(live[i].returned);
+      (void)returned.alloc.stats();
+      live.erase(live.begin() + static_cast<std::ptrdiff_t>(i));
+    };
+    const std::int64_t reuses_before = recent_reuses(kept.alloc);
+    for (int step = 0; step < 6000; ++step) {
+      const std::uint64_t op = next(10);
+      if (op < 6 && !live.empty()) {  // the loop
+        const live_pair last = live.back();
+        free_at(live.size() - 1);
+        allocate(last.bytes, last.second_stream, step);
+      } else if (op < 8 || live.size() < 2) {
+        if (live.size() < 12) allocate(sizes[next(std::size(sizes))], next(4) == 0, step);
+      } else {
+        free_at(next(live.size()));
+      }
+    }
+    CHECK(recent_reuses(kept.alloc) - reuses_before > 1000);
+    kept.check_consistent();
+  }
+}
+
 TEST_CASE("recent frees: a stream holding only recent frees holds no memory for a mid-size request", "[recent_frees]") {
   sim_fixture kept(vmm_device());
   sim_fixture returned(vmm_device());

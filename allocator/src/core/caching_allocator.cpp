@@ -127,10 +127,15 @@ void* caching_allocator::allocate_locked(std::size_t bytes, stream_handle stream
   // so the search sees what it would have seen without them.
   if (!recent_.empty()) {
     if (pool == 0 && !capturing && !opens_small) {
-      if (!pending_.empty()) process_events_locked();
-      if (block* b = take_recent_locked(rounded, stream, small)) {
+      block* b = pending_.empty() ? repeated_reuse_locked(rounded, stream, small) : nullptr;
+      if (b == nullptr) {
+        if (!pending_.empty()) process_events_locked();
+        b = take_recent_locked(rounded, stream, small);
+      }
+      if (b != nullptr) {
         ++stats_.num_recent_reuses;
         recent_.count_hit();
+        b->reuse_chain = mutex_.acquisitions();
         reuse_recent_locked(b, bytes);
         return reinterpret_cast<void*>(b->address);
       }
@@ -660,6 +665,9 @@ inline void caching_allocator::deactivate_locked(block* b) {
 inline void caching_allocator::keep_recent_locked(block* b) {
   deactivate_locked(b);
   b->recent = true;
+  // Note [repeated reuse]: the chain goes on only straight after a reuse.
+  const std::uint64_t now = mutex_.acquisitions();
+  b->reuse_chain = b->reuse_chain + 1 == now ? now : 0;
   if (block* evicted = recent_.push(b)) return_recent_locked(evicted);
 }
 
@@ -687,6 +695,26 @@ void caching_allocator::flush_recent_locked() const {
 // grow into one counts as one), and must be split, or be the block itself.
 // When any of that is in doubt the answer is nullptr: the caller then
 // returns every recent free and searches as usual.
+// Note [repeated reuse]: a loop that frees a block and asks for its size
+// again, with nothing else between, from any thread, takes it back without
+// take_recent_locked's checks. The chain: a reuse that passed them at lock
+// acquisition n, the free that kept the block at n + 1 (the only recent
+// free), this request at n + 2. Nothing ran between them (the lock counts
+// every acquisition) and no stream event was pending (it could have
+// completed since), so the free sets, the recent frees and every
+// neighbour are as the checks saw them, and they would answer the same.
+inline block* caching_allocator::repeated_reuse_locked(std::size_t rounded, stream_handle stream, bool small) {
+  if (recent_.size() != 1) return nullptr;
+  block* b = recent_.at(0);
+  if (b->reuse_chain + 1 != mutex_.acquisitions() || b->size != rounded || b->stream != stream ||
+      b->owner->is_small != small) {
+    return nullptr;
+  }
+  recent_.remove_only();
+  b->recent = false;
+  return b;
+}
+
 block* caching_allocator::take_recent_locked(std::size_t rounded, stream_handle stream, bool small) {
   block* b = recent_.newest(rounded, stream, small);
   if (b == nullptr) return nullptr;

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <atomic>
+#include <cstdint>
 
 #include "streamalloc/core/lock_profile.hpp"
 
@@ -24,6 +25,7 @@ class adaptive_mutex {
     const bool contended =
         !state_.compare_exchange_strong(expected, k_locked, std::memory_order_acquire, std::memory_order_relaxed);
     if (contended) lock_contended();
+    ++acquisitions_;
     profile_.acquired(contended, asked);
   }
   bool try_lock() {
@@ -31,9 +33,14 @@ class adaptive_mutex {
     if (!state_.compare_exchange_strong(expected, k_locked, std::memory_order_acquire, std::memory_order_relaxed)) {
       return false;
     }
+    ++acquisitions_;
     profile_.acquired(false, lock_profile::now());
     return true;
   }
+  // How often the lock has been taken, this time included: two critical
+  // sections with acquisitions() n and n + 1 had nothing run between them.
+  // Read only while holding the lock.
+  std::uint64_t acquisitions() const { return acquisitions_; }
   void unlock() {
     profile_.releasing();
     if (state_.exchange(k_unlocked, std::memory_order_release) == k_contended) wake_one();
@@ -51,6 +58,7 @@ class adaptive_mutex {
   void wake_one();
 
   std::atomic<int> state_{k_unlocked};
+  std::uint64_t acquisitions_ = 0;  // written only by the holder
   lock_profile profile_;
 };
 

@@ -91,6 +91,9 @@ struct block {
   // frees]): inactive, yet not free to its neighbours, until it is taken
   // back or returned to its pool.
   bool recent = false;
+  // The lock acquisition of this block's last reuse from the recent frees,
+  // or of the free that kept it right after one (Note [repeated reuse]).
+  std::uint64_t reuse_chain = 0;
   std::vector<stream_handle> stream_uses;
   // Where the block sits in its pool's free_block_index while free, so
   // leaving it needs no search: its links in its size class, or its node in

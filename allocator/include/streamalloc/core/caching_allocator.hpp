@@ -332,6 +332,7 @@ class caching_allocator {
   void release_to_pool_locked(block* b);
   inline void deactivate_locked(block* b);
   inline void keep_recent_locked(block* b);
+  inline block* repeated_reuse_locked(std::size_t rounded, stream_handle stream, bool small);
   block* take_recent_locked(std::size_t rounded, stream_handle stream, bool small);
   void flush_recent_locked() const;
   // A recent free leaves the pointer map and goes to its pool.

@@ -81,6 +81,9 @@ class recent_frees {
     --count_;
   }
 
+  // Removes the only entry (size() must be 1).
+  void remove_only() { count_ = 0; }
+
   // Removes every entry, oldest first, handing each to `release`.
   template <typename fn>
   void drain(fn&& release) {
