@@ -684,17 +684,6 @@ void caching_allocator::flush_recent_locked() const {
   recent_.drain([self](block* b) { self->return_recent_locked(b); });
 }
 
-// The newest recent free of this size and stream, if the search and split
-// of an allocation without recent frees would hand out exactly this block.
-// Without them, every recent free would have returned to its pool and
-// merged with its free neighbours (and other recent frees) of its stream.
-// So this block's run -- it and the free or recent blocks of its stream
-// after it -- must start at its own address, must be what best fit picks
-// (no free block of the stream that fits is smaller than the run, or as
-// large at a lower address; any other recent free of the stream that might
-// grow into one counts as one), and must be split, or be the block itself.
-// When any of that is in doubt the answer is nullptr: the caller then
-// returns every recent free and searches as usual.
 // Note [repeated reuse]: a loop that frees a block and asks for its size
 // again, with nothing else between, from any thread, takes it back without
 // take_recent_locked's checks. The chain: a reuse that passed them at lock
@@ -715,6 +704,17 @@ inline block* caching_allocator::repeated_reuse_locked(std::size_t rounded, stre
   return b;
 }
 
+// The newest recent free of this size and stream, if the search and split
+// of an allocation without recent frees would hand out exactly this block.
+// Without them, every recent free would have returned to its pool and
+// merged with its free neighbours (and other recent frees) of its stream.
+// So this block's run -- it and the free or recent blocks of its stream
+// after it -- must start at its own address, must be what best fit picks
+// (no free block of the stream that fits is smaller than the run, or as
+// large at a lower address; any other recent free of the stream that might
+// grow into one counts as one), and must be split, or be the block itself.
+// When any of that is in doubt the answer is nullptr: the caller then
+// returns every recent free and searches as usual.
 block* caching_allocator::take_recent_locked(std::size_t rounded, stream_handle stream, bool small) {
   block* b = recent_.newest(rounded, stream, small);
   if (b == nullptr) return nullptr;
