@@ -3,7 +3,7 @@ random weights, 11 classes) trained on batches of 2..8 images of random
 height and width 320..1024 with 1..30 random boxes each. The model's
 transform resizes each image within 512..800 and pads the batch, and the
 region proposal network and the ROI heads keep a different number of
-boxes every step, so few shapes repeat. About 15-30 s on an H200:
+boxes every step, so few shapes repeat. About 10-15 s on an H200:
 
     python scripts/capture_trace.py -o detection_train.trace.csv.gz -- bench/workloads/detection_train.py
 """

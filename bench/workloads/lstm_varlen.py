@@ -2,7 +2,7 @@
 1024, vocabulary 32000, fp32 as cuDNN's RNN kernels run it) trained on
 batches of 16..64 sequences of random lengths 32..512, packed with
 pack_padded_sequence, so every step asks cuDNN for a workspace and a
-reserve of a new size. About 10-20 s on an H200:
+reserve of a new size. About 10 s on an H200:
 
     python scripts/capture_trace.py -o lstm_train_varlen.trace.csv.gz -- bench/workloads/lstm_varlen.py
 """

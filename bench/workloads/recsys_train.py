@@ -2,7 +2,7 @@
 tables of 50k..1M rows x 128 with sparse gradients, an interaction MLP)
 trained with SparseAdam for the tables and Adam for the MLPs, on batches
 of 512..8192 samples with 1..40 ids per feature bag, so the sparse
-gradients (coalesced, indexed) have a new size every step. About 10-20 s
+gradients (coalesced, indexed) have a new size every step. About 10 s
 on an H200:
 
     python scripts/capture_trace.py -o recsys_sparse_train.trace.csv.gz -- bench/workloads/recsys_train.py

@@ -2,7 +2,7 @@
 T5Config, about t5-base's shape, random bf16 weights) translating a
 stream of requests of random batch size 1..16 and source length 16..512
 with beam search (1, 2 or 4 beams: every step reorders the decoder's
-self-attention cache by beam) and 16..64 new tokens. About 20-40 s on an
+self-attention cache by beam) and 16..64 new tokens. About 30-40 s on an
 H200:
 
     python scripts/capture_trace.py -o t5_beam_generate.trace.csv.gz -- bench/workloads/t5_generate.py
