@@ -41,6 +41,44 @@ struct device_kind {
 
 std::vector<device_kind> device_kinds() { return {{"expandable segments", vmm_device()}, {"plain segments", plain_device()}}; }
 
+// Two allocators fed the same requests and frees; after each free, stats()
+// returns the second one's recent frees to their pools, so it places as
+// an allocator without them. Every allocation requires the same address
+// from both. `next(n)` draws 0..n-1 from a seeded generator.
+struct paired_allocators {
+  struct live_pair {
+    void* kept;
+    void* returned;
+    std::size_t bytes;
+    bool second_stream;
+  };
+
+  paired_allocators(const sim_config& device, std::uint64_t seed) : kept(device), returned(device), state(seed) {}
+
+  std::uint64_t next(std::uint64_t n) {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    return (state >> 33) % n;
+  }
+  void allocate(std::size_t bytes, bool second_stream, int step) {
+    void* a = kept.alloc.allocate(bytes, second_stream ? kept.s2 : kept.s1);
+    void* b = returned.alloc.allocate(bytes, second_stream ? returned.s2 : returned.s1);
+    INFO("step " << step << ", " << bytes << " B");
+    REQUIRE(a == b);
+    live.push_back({a, b, bytes, second_stream});
+  }
+  void free_at(std::size_t i) {
+    kept.alloc.free(live[i].kept);
+    returned.alloc.free(live[i].returned);
+    (void)returned.alloc.stats();
+    live.erase(live.begin() + static_cast<std::ptrdiff_t>(i));
+  }
+
+  sim_fixture kept;
+  sim_fixture returned;
+  std::vector<live_pair> live;
+  std::uint64_t state;
+};
+
 }  // namespace
 
 TEST_CASE("recent frees: a same-size loop takes its block back each time", "[recent_frees]") {
@@ -146,34 +184,18 @@ TEST_CASE("recent frees: placement is that of an allocator whose frees all retur
   // recent frees as holding none.
   for (const device_kind& kind : device_kinds()) {
     INFO(kind.name);
-    sim_fixture kept(kind.device);
-    sim_fixture returned(kind.device);
+    paired_allocators pair(kind.device, 20261201);
     const std::size_t sizes[] = {256, 64_KiB, 512_KiB, 768_KiB, 4_MiB};
-    std::vector<std::pair<void*, void*>> live;
-    std::uint64_t state = 20261201;
-    const auto next = [&state](std::uint64_t n) {
-      state = state * 6364136223846793005ull + 1442695040888963407ull;
-      return (state >> 33) % n;
-    };
     for (int step = 0; step < 4000; ++step) {
-      if (!live.empty() && (live.size() >= 6 || next(2) == 0)) {
-        const std::size_t i = next(live.size());
-        kept.alloc.free(live[i].first);
-        returned.alloc.free(live[i].second);
-        (void)returned.alloc.stats();
-        live.erase(live.begin() + static_cast<std::ptrdiff_t>(i));
+      if (!pair.live.empty() && (pair.live.size() >= 6 || pair.next(2) == 0)) {
+        pair.free_at(pair.next(pair.live.size()));
         continue;
       }
-      const std::size_t bytes = sizes[next(std::size(sizes))];
-      const bool second_stream = next(4) == 0;
-      void* a = kept.alloc.allocate(bytes, second_stream ? kept.s2 : kept.s1);
-      void* b = returned.alloc.allocate(bytes, second_stream ? returned.s2 : returned.s1);
-      INFO("step " << step << ", " << bytes << " B");
-      REQUIRE(a == b);
-      live.emplace_back(a, b);
+      const std::size_t bytes = sizes[pair.next(std::size(sizes))];
+      pair.allocate(bytes, pair.next(4) == 0, step);
     }
-    CHECK(recent_reuses(kept.alloc) > 0);
-    kept.check_consistent();
+    CHECK(recent_reuses(pair.kept.alloc) > 0);
+    pair.kept.check_consistent();
   }
 }
 
@@ -184,49 +206,23 @@ TEST_CASE("recent frees: loops that free and ask again place as best fit does", 
   // frees return after every free hands out the same addresses.
   for (const device_kind& kind : device_kinds()) {
     INFO(kind.name);
-    sim_fixture kept(kind.device);
-    sim_fixture returned(kind.device);
+    paired_allocators pair(kind.device, 20261202);
     const std::size_t sizes[] = {512, 64_KiB, 1_MiB, 3_MiB, 6_MiB};
-    struct live_pair {
-      void* kept;
-      void* returned;
-      std::size_t bytes;
-      bool second_stream;
-    };
-    std::vector<live_pair> live;
-    std::uint64_t state = 20261202;
-    const auto next = [&state](std::uint64_t n) {
-      state = state * 6364136223846793005ull + 1442695040888963407ull;
-      return (state >> 33) % n;
-    };
-    const auto allocate = [&](std::size_t bytes, bool second_stream, int step) {
-      void* a = kept.alloc.allocate(bytes, second_stream ? kept.s2 : kept.s1);
-      void* b = returned.alloc.allocate(bytes, second_stream ? returned.s2 : returned.s1);
-      INFO("step " << step << ", " << bytes << " B");
-      REQUIRE(a == b);
-      live.push_back({a, b, bytes, second_stream});
-    };
-    const auto free_at = [&](std::size_t i) {
-      kept.alloc.free(live[i].kept);
-      returned.alloc.free(live[i].returned);
-      (void)returned.alloc.stats();
-      live.erase(live.begin() + static_cast<std::ptrdiff_t>(i));
-    };
-    const std::int64_t reuses_before = recent_reuses(kept.alloc);
+    const std::int64_t reuses_before = recent_reuses(pair.kept.alloc);
     for (int step = 0; step < 6000; ++step) {
-      const std::uint64_t op = next(10);
-      if (op < 6 && !live.empty()) {  // the loop
-        const live_pair last = live.back();
-        free_at(live.size() - 1);
-        allocate(last.bytes, last.second_stream, step);
-      } else if (op < 8 || live.size() < 2) {
-        if (live.size() < 12) allocate(sizes[next(std::size(sizes))], next(4) == 0, step);
+      const std::uint64_t op = pair.next(10);
+      if (op < 6 && !pair.live.empty()) {  // the loop
+        const paired_allocators::live_pair last = pair.live.back();
+        pair.free_at(pair.live.size() - 1);
+        pair.allocate(last.bytes, last.second_stream, step);
+      } else if (op < 8 || pair.live.size() < 2) {
+        if (pair.live.size() < 12) pair.allocate(sizes[pair.next(std::size(sizes))], pair.next(4) == 0, step);
       } else {
-        free_at(next(live.size()));
+        pair.free_at(pair.next(pair.live.size()));
       }
     }
-    CHECK(recent_reuses(kept.alloc) - reuses_before > 1000);
-    kept.check_consistent();
+    CHECK(recent_reuses(pair.kept.alloc) - reuses_before > 1000);
+    pair.kept.check_consistent();
   }
 }
 
