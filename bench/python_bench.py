@@ -14,11 +14,18 @@ its own process:
                package must be importable (PYTHONPATH)
 
     python bench/python_bench.py [--json FILE] [--modes native,streamalloc]
+        [--parts empty_del,gpt2_train_step] [--cpu N]
 
 The driver runs this same script once per mode and round (--worker MODE),
 the modes of each round in a rotated order so that a slow spell of the
 machine does not fall on one mode only, pools the samples of all rounds,
-prints markdown tables (medians, [p10, p90]) and writes JSON.
+prints markdown tables (medians, [p10, p90]) and writes JSON. --cpu pins
+every worker to one CPU, so that processes differ less in speed.
+
+`torch.empty(0)` calls the allocator but asks it for no memory: its time
+is torch's per-tensor work and the allocator's entry. A size's time less
+it, taken within each process, is what finding and returning the memory
+costs, which differences between processes do not move.
 
 A training step (or generation request) is timed two ways: each step
 between two synchronizations (the host's launch time counts whenever it
@@ -39,8 +46,10 @@ from _driver import TORCH_MODE_CONF, enter_mode, run_worker
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MODES = ["native", "expandable", "cuda_async", "streamalloc"]
-# (label, float32 elements)
-EMPTY_SIZES = [("256 B", 64), ("64 KiB", 16 << 10), ("4 MiB", 1 << 20), ("64 MiB", 16 << 20)]
+# (label, float32 elements). "0 B" calls the allocator for no memory: the
+# baseline of the allocator's share (module docstring).
+EMPTY_SIZES = [("0 B", 0), ("256 B", 64), ("64 KiB", 16 << 10), ("4 MiB", 1 << 20), ("64 MiB", 16 << 20)]
+BASELINE = "0 B"
 
 
 def summarize(values):
@@ -192,6 +201,8 @@ def bench_resnet50(torch, warmup, steps, batch):
 
 
 def worker(mode, out_path, args):
+    if args.cpu is not None:
+        os.sched_setaffinity(0, {args.cpu})  # before torch starts its threads, which inherit it
     torch = enter_mode(mode, "python_bench")
     streamalloc_config = sys.modules["streamalloc"].config() if mode == "streamalloc" else None
     backend = torch.cuda.get_allocator_backend()
@@ -202,19 +213,22 @@ def worker(mode, out_path, args):
         "allocator_backend": backend,
         "PYTORCH_CUDA_ALLOC_CONF": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
         "streamalloc_config": streamalloc_config,
+        "cpu": args.cpu,
     }
     log(f"mode {mode}: torch {torch.__version__}, allocator backend {backend}")
-    result["empty_del"] = bench_empty_del(torch, args.reps, args.warmup, args.iterations)
-    reset_memory(torch)
-    result["gpt2_train_step"] = bench_gpt2(torch, args.step_warmup, args.steps, args.gpt2_batch, args.gpt2_seq_len)
-    log(f"gpt2 step: median {result['gpt2_train_step']['ms_per_step']['median']:.2f} ms")
-    reset_memory(torch)
-    result["resnet50_train_step"] = bench_resnet50(torch, args.step_warmup, args.steps, args.resnet_batch)
-    log(f"resnet50 step: median {result['resnet50_train_step']['ms_per_step']['median']:.2f} ms")
-    reset_memory(torch)
-    result["gpt2_generate"] = bench_gpt2_generate(torch, args.step_warmup, args.steps, args.generate_batch,
-                                                  args.generate_prompt_len, args.generate_new_tokens)
-    log(f"gpt2 generate: median {result['gpt2_generate']['ms_per_step']['median']:.2f} ms")
+    if "empty_del" in args.parts:
+        result["empty_del"] = bench_empty_del(torch, args.reps, args.warmup, args.iterations)
+    steps = {
+        "gpt2_train_step": lambda: bench_gpt2(torch, args.step_warmup, args.steps, args.gpt2_batch, args.gpt2_seq_len),
+        "resnet50_train_step": lambda: bench_resnet50(torch, args.step_warmup, args.steps, args.resnet_batch),
+        "gpt2_generate": lambda: bench_gpt2_generate(torch, args.step_warmup, args.steps, args.generate_batch,
+                                                     args.generate_prompt_len, args.generate_new_tokens),
+    }
+    for key, name in WORKLOADS:
+        if key in args.parts:
+            reset_memory(torch)
+            result[key] = steps[key]()
+            log(f"{name}: median {result[key]['ms_per_step']['median']:.2f} ms")
     with open(out_path, "w") as f:
         json.dump(result, f, indent=1)
 
@@ -224,6 +238,7 @@ def worker(mode, out_path, args):
 
 WORKLOADS = [("gpt2_train_step", "GPT-2 small step"), ("resnet50_train_step", "ResNet-50 step"),
              ("gpt2_generate", "GPT-2 small generate")]
+PARTS = ["empty_del", *(key for key, _ in WORKLOADS)]
 
 
 def run_workers(args, passthrough):
@@ -252,11 +267,20 @@ def merge_rounds(mode, rounds):
     merged = {k: v for k, v in rounds[0].items() if k not in ("empty_del", *dict(WORKLOADS))}
     merged["rounds"] = len(rounds)
     merged["wall_s"] = round(sum(r["wall_s"] for r in rounds), 1)
-    merged["empty_del"] = {}
-    for label, _ in EMPTY_SIZES:
-        samples = [x for r in rounds for x in r["empty_del"][label]["samples"]]
-        merged["empty_del"][label] = {**rounds[0]["empty_del"][label], "ns_per_pair": summarize(samples), "samples": samples}
+    if "empty_del" in rounds[0]:
+        merged["empty_del"] = {}
+        for label, _ in EMPTY_SIZES:
+            samples = [x for r in rounds for x in r["empty_del"][label]["samples"]]
+            merged["empty_del"][label] = {**rounds[0]["empty_del"][label], "ns_per_pair": summarize(samples),
+                                          "samples": samples}
+            if label != BASELINE:
+                # Per round, so that each difference is taken within one process.
+                shares = [r["empty_del"][label]["ns_per_pair"]["median"] - r["empty_del"][BASELINE]["ns_per_pair"]["median"]
+                          for r in rounds]
+                merged["empty_del"][label]["allocator_share_ns_per_round"] = shares
     for key, _ in WORKLOADS:
+        if key not in rounds[0]:
+            continue
         per_round = [r[key] for r in rounds]
         samples = [x for w in per_round for x in w["samples"]]
         workload = {k: v for k, v in per_round[0].items() if k not in ("peak_allocated", "peak_reserved", "error")}
@@ -292,14 +316,45 @@ def fmt_gib(value):
     return "-" if value is None else f"{value / 2**30:.2f}"
 
 
+def print_empty_del(ok, modes, compare, header):
+    print()
+    print("### torch.empty(n, device=\"cuda\") + del, median time per pair [p10, p90]")
+    print()
+    print(header("size", "streamalloc speed-up vs native"))
+    for label, _ in EMPTY_SIZES:
+        cells = [fmt_ns(ok[m]["empty_del"][label]["ns_per_pair"]) if m in ok else "failed" for m in modes]
+        row = f"| {label} | " + " | ".join(cells) + " |"
+        if compare:
+            native = ok["native"]["empty_del"][label]["ns_per_pair"]["median"]
+            ours = ok["streamalloc"]["empty_del"][label]["ns_per_pair"]["median"]
+            row += f" {native / ours:.2f}x |"
+        print(row)
+    print()
+    print(f"### The allocator's share: a size's median less the {BASELINE} median of the same process, "
+          "median over rounds [min, max]")
+    print()
+    print(header("size", "streamalloc less native"))
+    for label, _ in EMPTY_SIZES:
+        if label == BASELINE:
+            continue
+        shares = {m: summarize(ok[m]["empty_del"][label]["allocator_share_ns_per_round"]) for m in ok}
+        cells = [f"{shares[m]['median']:.0f} ns [{shares[m]['min']:.0f}, {shares[m]['max']:.0f}]" if m in ok else "failed"
+                 for m in modes]
+        row = f"| {label} | " + " | ".join(cells) + " |"
+        if compare:
+            row += f" {shares['streamalloc']['median'] - shares['native']['median']:+.0f} ns |"
+        print(row)
+
+
 def print_tables(results, modes):
     ok = {m: r for m, r in results.items() if "error" not in r}
     first = next(iter(ok.values()), {})
     print(f"## Python-level benchmark (bench/python_bench.py) on {first.get('device', '?')}, torch {first.get('torch', '?')}")
     print()
     rounds = first.get("rounds", 1)
-    print(f"Each column pools {rounds} round{'s' if rounds != 1 else ''}, a process per mode and round, the modes of a round "
-          "in rotated order: " + "; ".join(
+    pinned = f", every process on CPU {first['cpu']}" if first.get("cpu") is not None else ""
+    print(f"Each column pools {rounds} round{'s' if rounds != 1 else ''}, a process per mode and round{pinned}, the modes "
+          "of a round in rotated order: " + "; ".join(
         f"{m}: " + (f"PYTORCH_CUDA_ALLOC_CONF={TORCH_MODE_CONF[m]}" if m in TORCH_MODE_CONF else
                     "streamalloc.install(), default settings" if m == "streamalloc" else "torch defaults")
         for m in modes))
@@ -315,25 +370,15 @@ def print_tables(results, modes):
         extra = f" {comparison} |" if compare else ""
         return f"| {first_column} | " + " | ".join(modes) + " |" + extra + "\n|---|" + "---|" * (len(modes) + int(compare))
 
-    print()
-    print("### torch.empty(n, device=\"cuda\") + del, median time per pair [p10, p90]")
-    print()
-    print(header("size", "streamalloc speed-up vs native"))
-    for label, _ in EMPTY_SIZES:
-        cells = [fmt_ns(ok[m]["empty_del"][label]["ns_per_pair"]) if m in ok else "failed" for m in modes]
-        row = f"| {label} | " + " | ".join(cells) + " |"
-        if compare:
-            native = ok["native"]["empty_del"][label]["ns_per_pair"]["median"]
-            ours = ok["streamalloc"]["empty_del"][label]["ns_per_pair"]["median"]
-            row += f" {native / ours:.2f}x |"
-        print(row)
+    if "empty_del" in first:
+        print_empty_del(ok, modes, compare, header)
 
     def step_table(title, figure, fmt, with_detail):
         print()
         print(title)
         print()
         print(header("workload", "streamalloc step time vs native"))
-        for key, name in WORKLOADS:
+        for key, name in timed:
             detail = ""
             if with_detail and key in first:
                 w = first[key]
@@ -347,6 +392,9 @@ def print_tables(results, modes):
                 row += f" {(ours / native - 1) * 100:+.2f}% time |"
             print(row)
 
+    timed = [(key, name) for key, name in WORKLOADS if key in first]
+    if not timed:
+        return
     step_table("### One training step (bf16 autocast) or generation request between two synchronizations, "
                "median [p10, p90]",
                "ms_per_step", fmt_ms, True)
@@ -357,13 +405,13 @@ def print_tables(results, modes):
         print("streamalloc's device calls and waits during the timed steps (per round, sum of the counters "
               + ", ".join(SLOW_PATH_COUNTERS) + "): " + "; ".join(
                   f"{name} " + ", ".join(str(sum(d.values())) for d in ok["streamalloc"][key]["slow_path_during_timed_steps"])
-                  for key, name in WORKLOADS))
+                  for key, name in timed))
     print()
     print("### Peak memory of the steps, GiB reserved / allocated")
     print()
     print("| workload | " + " | ".join(modes) + " |")
     print("|---|" + "---|" * len(modes))
-    for key, name in WORKLOADS:
+    for key, name in timed:
         cells = []
         for m in modes:
             w = ok.get(m, {}).get(key)
@@ -384,6 +432,8 @@ def main():
     parser.add_argument("--timeout", type=int, default=240, help="seconds per worker process (default 240)")
     parser.add_argument("--rounds", type=int, default=3, help="runs of every mode, in rotated order (default 3)")
     parser.add_argument("--quick", action="store_true", help="few repetitions: checks the script, not the numbers")
+    parser.add_argument("--parts", default=",".join(PARTS), help="comma-separated, from: " + ", ".join(PARTS))
+    parser.add_argument("--cpu", type=int, help="pin every worker process to this CPU (less noise between processes)")
     parser.add_argument("--worker", choices=MODES, help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     counts = parser.add_argument_group("counts")
@@ -405,20 +455,24 @@ def main():
         args.reps, args.warmup, args.iterations, args.steps, args.step_warmup, args.rounds = 3, 1, 500, 3, 1, 1
 
     if args.worker:
+        args.parts = args.parts.split(",")
         worker(args.worker, args.out, args)
         return 0
 
     args.modes = args.modes.split(",")
-    unknown = [m for m in args.modes if m not in MODES]
-    if unknown:
-        parser.error(f"unknown mode(s) {', '.join(unknown)}; known: {', '.join(MODES)}")
+    for what, chosen, known in (("mode", args.modes, MODES), ("part", args.parts.split(","), PARTS)):
+        unknown = [x for x in chosen if x not in known]
+        if unknown:
+            parser.error(f"unknown {what}(s) {', '.join(unknown)}; known: {', '.join(known)}")
+    if args.cpu is not None and args.cpu not in os.sched_getaffinity(0):
+        parser.error(f"--cpu {args.cpu}: this process may run only on CPUs {sorted(os.sched_getaffinity(0))}")
     passthrough = [
         f"--reps={args.reps}", f"--warmup={args.warmup}", f"--iterations={args.iterations}",
         f"--steps={args.steps}", f"--step-warmup={args.step_warmup}", f"--gpt2-batch={args.gpt2_batch}",
         f"--gpt2-seq-len={args.gpt2_seq_len}", f"--resnet-batch={args.resnet_batch}",
         f"--generate-batch={args.generate_batch}", f"--generate-prompt-len={args.generate_prompt_len}",
-        f"--generate-new-tokens={args.generate_new_tokens}",
-    ]
+        f"--generate-new-tokens={args.generate_new_tokens}", f"--parts={args.parts}",
+    ] + ([f"--cpu={args.cpu}"] if args.cpu is not None else [])
     results = run_workers(args, passthrough)
     print_tables(results, args.modes)
     if args.json:
