@@ -370,30 +370,67 @@ TEST_CASE("expandable: stitching takes the idle chunks of the free block after t
 TEST_CASE("expandable: a request that also takes the front of the free block after its hole stitches that block's tail",
           "[expandable]") {
   sim_fixture f(vmm_device());
+  void* w = f.alloc.allocate(2_MiB, f.s2);
   void* p = f.alloc.allocate(8_MiB, f.s1);
   void* q = f.alloc.allocate(8_MiB, f.s2);
   void* r = f.alloc.allocate(2_MiB, f.s1);
+  REQUIRE(addr(p) == addr(w) + 2_MiB);
+  REQUIRE(addr(q) == addr(p) + 8_MiB);
   f.alloc.free(p);
   f.alloc.empty_cache();
-  f.alloc.free(q);  // [hole 8 MiB][q 8 MiB free, s2][r]
+  f.alloc.free(w);
+  f.alloc.free(q);  // [w 2 MiB free, s2][hole 8 MiB][q 8 MiB free, s2][r]
   f.alloc.reset_peak_stats();
-  REQUIRE(reserved(f) == static_cast<std::int64_t>(10_MiB));
+  REQUIRE(reserved(f) == static_cast<std::int64_t>(12_MiB));
   const std::int64_t unmaps_before = f.stats().num_chunk_unmaps;
 
-  // 12 MiB of s2: the whole hole and the first 4 MiB of q, which is s2's.
-  // The two chunks of q past that part are idle and move into the hole;
-  // two chunks are new.
-  void* y = f.alloc.allocate(12_MiB, f.s2);
+  // 14 MiB of s2 continues from w: w, the whole hole and the first 4 MiB
+  // of q, which is s2's. The two chunks of q past that part are idle and
+  // move into the hole; two chunks are new.
+  void* y = f.alloc.allocate(14_MiB, f.s2);
   f.check_consistent();
-  CHECK(addr(y) == addr(p));
+  CHECK(addr(y) == addr(w));
   CHECK(f.stats().num_stitched_blocks == 1);
   CHECK(f.stats().num_chunk_unmaps == unmaps_before + 2);
-  CHECK(reserved(f) == static_cast<std::int64_t>(14_MiB));  // not 18 MiB
+  CHECK(reserved(f) == static_cast<std::int64_t>(16_MiB));  // not 20 MiB
   // The moved chunks left a hole where q's tail was; the next request of
   // that size maps there.
   void* z = f.alloc.allocate(4_MiB, f.s2);
   f.check_consistent();
   CHECK(addr(z) == addr(q) + 4_MiB);
+  for (void* b : {y, z, r}) f.alloc.free(b);
+  f.check_consistent();
+}
+
+TEST_CASE("expandable: a request that cannot continue the run before its hole ends in the free block after it",
+          "[expandable]") {
+  sim_fixture f(vmm_device());
+  void* p = f.alloc.allocate(8_MiB, f.s1);
+  void* q = f.alloc.allocate(9_MiB, f.s2);
+  void* r = f.alloc.allocate(1_MiB, f.s2);
+  REQUIRE(addr(q) == addr(p) + 8_MiB);
+  REQUIRE(addr(r) == addr(q) + 9_MiB);
+  f.alloc.free(p);
+  f.alloc.empty_cache();
+  f.alloc.free(q);  // [hole 8 MiB][q 9 MiB free, s2][r 1 MiB, s2]
+  f.alloc.reset_peak_stats();
+  REQUIRE(reserved(f) == static_cast<std::int64_t>(10_MiB));
+
+  // 12 MiB of s2 from the hole's front would map the whole hole, four
+  // chunks, and take q's first 4 MiB; then two of them would be stitched
+  // from q's tail, after a stream wait. Ending in q (Note [the hole's end])
+  // maps two: the hole's last 4 MiB, then 8 of q's 9 MiB. Nothing moves.
+  void* y = f.alloc.allocate(12_MiB, f.s2);
+  f.check_consistent();
+  CHECK(addr(y) == addr(p) + 4_MiB);
+  CHECK(f.stats().num_stitched_blocks == 0);
+  CHECK(f.stats().num_stitch_syncs == 0);
+  CHECK(reserved(f) == static_cast<std::int64_t>(14_MiB));
+  CHECK(all(f.stats().segment) == 1);  // one mapped run: the new chunks joined q's
+  // The hole's front stays free for the next request of its size.
+  void* z = f.alloc.allocate(4_MiB, f.s1);
+  f.check_consistent();
+  CHECK(addr(z) == addr(p));
   for (void* b : {y, z, r}) f.alloc.free(b);
   f.check_consistent();
 }

@@ -50,14 +50,16 @@ constexpr std::array<corpus_exception, 9> k_corpus_exceptions{{
      "two streams: at its peak the free memory lies in chunks shared with live blocks at the edges of mapped runs"},
     // 1.0203 since Note [chunk-aligned starts] (1.0291 before); 1.0253 since
     // the block after the hole gives its idle chunks (why this trace got
-    // worse was not analysed): ceiling raised from 1.025.
-    {"fsdp2_streams4", 1.03,
+    // worse was not analysed); 1.0228 since Note [the hole's end]: ceiling
+    // back to 1.025.
+    {"fsdp2_streams4", 1.025,
      "the same on four streams: lone blocks fill all but part of their last chunk"},
-    {"fsdp2_streams4_long", 1.03, "the same with batch 4 and sequences up to 2048 (1.0221)"},
+    {"fsdp2_streams4_long", 1.025, "the same with batch 4 and sequences up to 2048 (1.0210)"},
     // 1.0292 since Note [mid-size requests] (1.0433 before): ceiling lowered from 1.045.
     {"hf_generate_dynamic", 1.035,
      "a 0.6 GB workload whose free memory ends in pieces smaller than a 2 MiB chunk (KV caches grown by one token)"},
-    {"hf_generate_dynamic_long", 1.055, "the same with batch 4..24 and up to 96 new tokens (1.0479)"},
+    // 1.0479 before Note [the hole's end]: ceiling lowered from 1.055.
+    {"hf_generate_dynamic_long", 1.045, "the same with batch 4..24 and up to 96 new tokens (1.0394)"},
     {"hf_generate_static", 1.045, "the same with static caches"},
     {"hf_generate_static_wide", 1.035, "static caches, batch 1..32 and prompts up to 768 (1.0279)"},
     // 1.1123 before the block after the hole gave its idle chunks.

@@ -232,10 +232,17 @@ class caching_allocator {
   struct placement {
     block* target = nullptr;
     block* prefix = nullptr;
-    std::size_t chunks = 0;  // chunks to map at target's start
+    std::size_t chunks = 0;  // chunks to map at target's start, or its end with at_end
     // Bytes the request takes from the front of the free block after target
-    // (0: none), when target mapped whole falls short.
+    // (0: none), when the chunks mapped fall short.
     std::size_t after_bytes = 0;
+    // Note [the hole's end]: the chunks go at target's end, joining the
+    // free block after it.
+    bool at_end = false;
+
+    std::uintptr_t map_address(std::size_t chunk_bytes) const {
+      return target->address + (at_end ? target->size - chunks * chunk_bytes : 0);
+    }
   };
 
   // --- trace events (trace_buffer.cpp) ---
@@ -302,7 +309,7 @@ class caching_allocator {
   // covers that stretch (Note [free runs]).
   std::size_t unmap_idle_chunks_locked(block* first, std::uintptr_t from, std::uintptr_t to, std::size_t max_chunks,
                                        std::vector<physical_handle>* keep);
-  status map_chunks_locked(block* target, const std::vector<physical_handle>& handles, std::size_t stolen);
+  status map_chunks_locked(const placement& where, const std::vector<physical_handle>& handles, std::size_t stolen);
   // The statistics of `chunks` chunks just mapped into, or unmapped from, `s`.
   void count_maps_locked(const segment* s, std::size_t chunks);
   void count_unmaps_locked(const segment* s, std::size_t chunks);
