@@ -72,8 +72,8 @@
 // another seed 1.0147 -> 1.0063, fsdp2_streams2_deep 1.0177 -> 1.0193,
 // hf_llama_train_varlen_ckpt 1.0053 -> 1.0061, the rest within 0.0002.
 // Allowed beside a continuable run too, it made eleven traces worse
-// (bert_serve_inflight8 1.0271, hf_generate_dynamic 1.0363, fsdp2_streams4
-// 1.0291).
+// (bert_serve_inflight8 1.0230 -> 1.0271, hf_generate_dynamic 1.0292 ->
+// 1.0363, fsdp2_streams4 1.0253 -> 1.0291).
 //
 // Note [stitch cycles]: a stitch synchronizes streams (the host waits for
 // the donors' queued work), so a workload that stitches again every
