@@ -372,6 +372,9 @@ def print_tables(results, modes):
 
     if "empty_del" in first:
         print_empty_del(ok, modes, compare, header)
+    timed = [(key, name) for key, name in WORKLOADS if key in first]
+    if not timed:
+        return
 
     def step_table(title, figure, fmt, with_detail):
         print()
@@ -392,9 +395,6 @@ def print_tables(results, modes):
                 row += f" {(ours / native - 1) * 100:+.2f}% time |"
             print(row)
 
-    timed = [(key, name) for key, name in WORKLOADS if key in first]
-    if not timed:
-        return
     step_table("### One training step (bf16 autocast) or generation request between two synchronizations, "
                "median [p10, p90]",
                "ms_per_step", fmt_ms, True)
