@@ -281,12 +281,14 @@ caching_allocator::placement caching_allocator::place_locked(const free_block_in
   unmapped.for_each_unordered([&](block* target) {
     block* before = target->prev;
     block* after = target->next;
-    const bool extend = before != nullptr && before->is_free_mapped() && before->stream == stream && before->size < rounded;
+    const auto stream_free = [stream](const block* b) {
+      return b != nullptr && b->is_free_mapped() && b->stream == stream;
+    };
+    const bool extend = stream_free(before) && before->size < rounded;
     const std::size_t missing = rounded - (extend ? before->size : 0);
     std::size_t chunks = chunks_for(missing, chunk_bytes_);
     if (chunks * chunk_bytes_ > target->size) {
-      const bool joins = after != nullptr && after->is_free_mapped() && after->stream == stream &&
-                         target->size + after->size >= missing;
+      const bool joins = stream_free(after) && target->size + after->size >= missing;
       if (!joins) return;
       chunks = target->size / chunk_bytes_;
     }
@@ -299,7 +301,7 @@ caching_allocator::placement caching_allocator::place_locked(const free_block_in
     const std::size_t mapped = chunks * chunk_bytes_;
     consider({target, extend ? before : nullptr, chunks, missing > mapped ? missing - mapped : 0, false});
     // Note [the hole's end]
-    if (!extend && after != nullptr && after->is_free_mapped() && after->stream == stream && after->size < rounded) {
+    if (!extend && stream_free(after) && after->size < rounded) {
       const std::size_t end_chunks = chunks_for(rounded - after->size, chunk_bytes_);
       if (end_chunks < chunks && end_chunks * chunk_bytes_ < target->size) {
         consider({target, nullptr, end_chunks, rounded - end_chunks * chunk_bytes_, true});
