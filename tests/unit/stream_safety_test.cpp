@@ -415,3 +415,21 @@ TEST_CASE("stream safety: cross-stream reuse respects the oversize rules", "[str
   f.alloc.free(q);
   f.sim.complete_all_events();
 }
+
+TEST_CASE("stream safety: among equal blocks of other streams, the stream served first lends", "[stream_safety]") {
+  // s2 is served before s1 although s1's handle is the lower: the choice
+  // follows the program's order, not the handles' values.
+  sim_fixture f(manual_events());
+  REQUIRE(f.s1 < f.s2);
+  void* second_first = f.alloc.allocate(20_MiB, f.s2);
+  void* first_later = f.alloc.allocate(20_MiB, f.s1);
+  REQUIRE(f.alloc.allocation_size(second_first) == f.alloc.allocation_size(first_later));
+  f.alloc.free(first_later);
+  f.alloc.free(second_first);
+  void* q = f.alloc.allocate(20_MiB, f.s3);
+  CHECK(q == second_first);
+  CHECK(f.stats().num_cross_stream_reuses == 1);
+  f.check_consistent();
+  f.alloc.free(q);
+  f.sim.complete_all_events();
+}

@@ -311,14 +311,19 @@ block* caching_allocator::find_free_block_locked(free_block_index& free_set, std
 block* caching_allocator::find_other_stream_block_locked(free_block_index& free_set, std::size_t rounded,
                                                          stream_handle stream) {
   block* best = nullptr;
-  // The best fit of each other stream; the smallest wins, the first
-  // stream in ascending order among equals.
+  std::size_t best_rank = 0;
+  // The best fit of each other stream; the smallest wins, and among equals
+  // the stream this allocator served first: an order of the program's, not
+  // of the handles' values, which the runtime picks and which may differ
+  // from one run of the same program to the next.
   free_set.for_each_stream([&](stream_handle other) {
     if (other == stream) return;
     block* candidate = usable_fit_locked(free_set, rounded, other);
-    if (candidate != nullptr && policy_.may_reuse(candidate->size, rounded) &&
-        (best == nullptr || candidate->size < best->size)) {
+    if (candidate == nullptr || !policy_.may_reuse(candidate->size, rounded)) return;
+    const std::size_t rank = active_by_stream_.rank(other);
+    if (best == nullptr || candidate->size < best->size || (candidate->size == best->size && rank < best_rank)) {
       best = candidate;
+      best_rank = rank;
     }
   });
   return best;

@@ -2,9 +2,11 @@
 // device serves: a flat vector searched from the front, so an update costs
 // a few compares and no hashing. Entries are never removed (a stream whose
 // count returns to zero keeps its slot), so the vector's length is the
-// number of streams ever counted.
+// number of streams ever counted, and their order is the order in which
+// they were first counted.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <utility>
 #include <vector>
@@ -30,6 +32,14 @@ class stream_counts {
       if (s == stream) return count;
     }
     return 0;
+  }
+
+  // Where `stream` was first counted among the streams (0 for the first);
+  // the number of streams counted if it never was.
+  std::size_t rank(stream_handle stream) const {
+    std::size_t i = 0;
+    while (i < entries_.size() && entries_[i].first != stream) ++i;
+    return i;
   }
 
   template <typename Fn>
