@@ -5,8 +5,10 @@
 #include <algorithm>
 #include <array>
 #include <cstddef>
+#include <cstdint>
 #include <filesystem>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "streamalloc/backend/sim_backend.hpp"
@@ -127,4 +129,54 @@ TEST_CASE("every trace of the corpus replays within the reserved-memory target",
   const double median = ratios.size() % 2 == 1 ? ratios[middle] : (ratios[middle - 1] + ratios[middle]) / 2.0;
   CAPTURE(median, ratios.back());
   CHECK(median <= k_corpus_median_target);
+}
+
+namespace {
+
+// Replays `events` on a fresh simulated device whose streams get their
+// handles in the order `order` lists the trace's streams.
+replay_result replay_with_stream_order(std::vector<trace_file_event> events, const std::vector<std::uint64_t>& order,
+                                       const std::string& path) {
+  sim_config device;
+  device.capacity_bytes = k_h200_bytes;
+  device.events_complete_immediately = true;
+  sim_backend backend(device);
+  std::unordered_map<std::uint64_t, stream_handle> handles;
+  for (const std::uint64_t stream : order) handles.emplace(stream, backend.new_stream());
+  for (trace_file_event& e : events) {
+    if (e.stream != 0) e.stream = handles.at(e.stream);
+  }
+  caching_allocator allocator(backend, allocator_config{});
+  return replay_trace(events, allocator, path);
+}
+
+}  // namespace
+
+TEST_CASE("a trace replays the same whatever values its stream handles take", "[replay][corpus][slow]") {
+  // The runtime picks stream handles (addresses), so a program's memory
+  // must not depend on how they compare: each multi-stream trace of the
+  // corpus is replayed with its side streams numbered in the order of
+  // first use and in the reverse order.
+  int multi_stream = 0;
+  for (const fs::path& path : corpus_traces()) {
+    const std::vector<trace_file_event> events = load_trace(path.string());
+    std::vector<std::uint64_t> first_use;
+    for (const trace_file_event& e : events) {
+      if (e.stream != 0 && std::find(first_use.begin(), first_use.end(), e.stream) == first_use.end()) {
+        first_use.push_back(e.stream);
+      }
+    }
+    if (first_use.size() < 2) continue;
+    ++multi_stream;
+    INFO(corpus_name(path));
+    const replay_result in_order = replay_with_stream_order(events, first_use, path.string());
+    const replay_result reversed =
+        replay_with_stream_order(events, {first_use.rbegin(), first_use.rend()}, path.string());
+    CHECK(reversed.peak_reserved_bytes == in_order.peak_reserved_bytes);
+    CHECK(reversed.stitched_blocks == in_order.stitched_blocks);
+    CHECK(reversed.cross_stream_reuses == in_order.cross_stream_reuses);
+    CHECK(reversed.chunk_maps == in_order.chunk_maps);
+  }
+  // The corpus has side-stream traces (FSDP2-style, the servers).
+  CHECK(multi_stream >= 2);
 }
