@@ -177,6 +177,6 @@ TEST_CASE("a trace replays the same whatever values its stream handles take", "[
     CHECK(reversed.cross_stream_reuses == in_order.cross_stream_reuses);
     CHECK(reversed.chunk_maps == in_order.chunk_maps);
   }
-  // The corpus has side-stream traces (FSDP2-style, the servers).
+  // The corpus has such traces (FSDP2-style, a server, activation offload).
   CHECK(multi_stream >= 2);
 }
