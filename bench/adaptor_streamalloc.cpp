@@ -61,6 +61,7 @@ class streamalloc_adaptor final : public bench_allocator {
         {"stitch synchronizations", now.num_stitch_syncs - since_.num_stitch_syncs},
         {"full synchronizations", now.num_sync_all_streams - since_.num_sync_all_streams},
         {"cross-stream hand-offs", now.num_cross_stream_reuses - since_.num_cross_stream_reuses},
+        {"combined calls", now.num_combined_calls - since_.num_combined_calls},
     };
     std::string out;
     for (const auto& c : counts) {

@@ -267,7 +267,18 @@ void sim_backend::prune_touches_locked() {
 
 // --- segments ---
 
+void sim_backend::on_next_allocate_segment(std::function<void()> hook) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  next_allocate_hook_ = std::move(hook);
+}
+
 status sim_backend::allocate_segment(std::size_t bytes, void** out) {
+  std::function<void()> hook;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    hook.swap(next_allocate_hook_);
+  }
+  if (hook) hook();
   std::lock_guard<std::mutex> lock(mutex_);
   if (status s = check_fault_locked(sim_fault_point::allocate_segment); !s) return s;
   if (out == nullptr) return invalid("allocate_segment: out is null");

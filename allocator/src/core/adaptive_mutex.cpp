@@ -17,14 +17,6 @@ void futex(std::atomic<int>* word, int op, int value) {
   syscall(SYS_futex, reinterpret_cast<int*>(word), op | FUTEX_PRIVATE_FLAG, value, nullptr, nullptr, 0);
 }
 
-void cpu_relax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
-
 }  // namespace
 
 void adaptive_mutex::lock_contended() {
@@ -34,7 +26,7 @@ void adaptive_mutex::lock_contended() {
         state_.compare_exchange_weak(expected, k_locked, std::memory_order_acquire, std::memory_order_relaxed)) {
       return;
     }
-    cpu_relax();
+    pause();
   }
   // Taken while marked contended: this thread cannot tell whether others
   // still sleep, so its unlock wakes one (at worst a spurious wake-up).

@@ -28,6 +28,8 @@
 #include <string>
 #include <unordered_set>
 
+#include <unistd.h>
+
 #include "streamalloc/core/block_list.hpp"
 #include "streamalloc/util/errors.hpp"
 
@@ -35,6 +37,9 @@ namespace streamalloc {
 namespace {
 
 constexpr std::size_t k_max_size = std::numeric_limits<std::size_t>::max();
+// Note [combined calls].
+constexpr int k_combining_rounds = 4;
+constexpr int k_waiting_spins = 2000;
 
 std::uintptr_t to_address(const void* ptr) { return reinterpret_cast<std::uintptr_t>(ptr); }
 
@@ -100,8 +105,108 @@ caching_allocator::~caching_allocator() {
 void* caching_allocator::allocate(std::size_t bytes, stream_handle stream) {
   if (bytes == 0) return nullptr;
   const pool_id pool = capture_count_.load(std::memory_order_acquire) != 0 ? route_capture(stream) : 0;
-  locked_call call(*this);
+  if (!mutex_.try_lock()) {
+    combined_call call;
+    call.bytes = bytes;
+    call.stream = stream;
+    call.pool = pool;
+    run_contended(call);
+    return call.ptr;
+  }
+  locked_call call(*this, std::adopt_lock);
   return allocate_locked(bytes, stream, pool);
+}
+
+// ---------------------------------------------------------------------------
+// Note [combined calls]: every allocate and free takes the device's one
+// lock, and with many threads the time a call holds it grows several-fold
+// (bench/RESULTS.md, the threads pattern): each holder finds the free
+// sets, blocks and statistics in the cache of the core that held the lock
+// before. So an allocate or free that finds the lock taken does not queue
+// for it: it lists itself (call_combiner) and waits on its own state, and
+// the holder (any locked_call), before it unlocks, runs the listed calls
+// one after another with that state already in its cache and marks each
+// done, its result or exception in the call. One thread at a time still
+// changes the state, so nothing else changes: each call is a critical
+// section of its own (the lock's section count, Note [repeated reuse],
+// counts it) and sees what it would have seen had it taken the lock
+// itself. The holder declines (its caller then takes the lock) while a
+// trace listener is set, whose events must reach the listener on the
+// calling thread (Note [trace delivery]), and while a graph capture is
+// underway, when device calls made on the capturing thread for another
+// thread's request could join the capture or be refused. A holder empties
+// the list at most k_combining_rounds times, so that its own caller is not
+// held up for long; a waiter still listed after k_waiting_spins polls
+// takes the lock itself, sleeping if it must.
+void caching_allocator::run_contended(combined_call& own) {
+  if (!await_holder(own)) {
+    locked_call call(*this, std::adopt_lock);
+    if (own.poll() == call_combiner::call::waiting) {
+      run_waiting_locked(&own);
+    } else {
+      run_one_locked(own);
+    }
+  }
+  if (own.error) std::rethrow_exception(own.error);
+}
+
+bool caching_allocator::await_holder(combined_call& own) {
+  waiting_calls_.add(&own);
+  for (int spin = 0;; ++spin) {
+    const int state = own.poll();
+    if (state == call_combiner::call::done) return true;
+    if (state == call_combiner::call::declined) {
+      mutex_.lock();
+      return false;
+    }
+    if (spin >= k_waiting_spins) {
+      mutex_.lock();
+    } else if (!mutex_.looks_free() || !mutex_.try_lock()) {
+      adaptive_mutex::pause();
+      continue;
+    }
+    // A holder finishes every call it took before it unlocks: `own` is done
+    // or still listed.
+    if (own.poll() != call_combiner::call::done) return false;
+    mutex_.unlock();
+    return true;
+  }
+}
+
+void caching_allocator::run_waiting_locked(combined_call* own) {
+  for (int round = 0; round < k_combining_rounds; ++round) {
+    call_combiner::call* next = waiting_calls_.take_all();
+    if (next == nullptr) return;
+    while (next != nullptr) {
+      auto& c = static_cast<combined_call&>(*next);
+      next = c.next;  // before c finishes: its caller may return at once
+      // The next call was written on its caller's core: fetch it meanwhile.
+      if (next != nullptr) __builtin_prefetch(next);
+      if (&c == own) {
+        mutex_.count_section();
+        run_one_locked(c);
+      } else if (listener_ == nullptr && capture_count_.load(std::memory_order_relaxed) == 0) {
+        mutex_.count_section();
+        run_one_locked(c);
+        ++stats_.num_combined_calls;
+        c.finish(call_combiner::call::done);
+      } else {
+        c.finish(call_combiner::call::declined);
+      }
+    }
+  }
+}
+
+void caching_allocator::run_one_locked(combined_call& c) {
+  try {
+    if (c.is_free) {
+      free_locked(c.ptr);
+    } else {
+      c.ptr = allocate_locked(c.bytes, c.stream, c.pool);
+    }
+  } catch (...) {
+    c.error = std::current_exception();
+  }
 }
 
 void* caching_allocator::allocate_locked(std::size_t bytes, stream_handle stream, pool_id pool) {
@@ -524,7 +629,18 @@ inline void caching_allocator::reuse_recent_locked(block* b, std::size_t request
 
 void caching_allocator::free(void* ptr) {
   if (ptr == nullptr) return;
-  locked_call call(*this);
+  if (!mutex_.try_lock()) {
+    combined_call call;
+    call.is_free = true;
+    call.ptr = ptr;
+    run_contended(call);
+    return;
+  }
+  locked_call call(*this, std::adopt_lock);
+  free_locked(ptr);
+}
+
+void caching_allocator::free_locked(void* ptr) {
   const std::size_t slot = allocated_.slot_of(to_address(ptr));
   block* b = allocated_.at(slot);
   if (b == nullptr || !b->allocated) throw usage_error(describe_unknown_pointer_locked(ptr));
@@ -1115,6 +1231,7 @@ void caching_allocator::reset_accumulated_stats() {
   stats_.num_device_free = 0;
   stats_.num_cross_stream_reuses = 0;
   stats_.num_recent_reuses = 0;
+  stats_.num_combined_calls = 0;
 }
 
 template <typename fn>
@@ -1215,9 +1332,15 @@ std::size_t caching_allocator::allocation_size(const void* ptr) const {
   return b->size;
 }
 
-void caching_allocator::lock_for_fork() { mutex_.lock(); }
+void caching_allocator::lock_for_fork() {
+  mutex_.lock();
+  fork_parent_pid_ = static_cast<int>(getpid());
+}
 
-void caching_allocator::unlock_after_fork() { mutex_.unlock(); }
+void caching_allocator::unlock_after_fork() {
+  if (static_cast<int>(getpid()) != fork_parent_pid_) waiting_calls_.forget_all();
+  mutex_.unlock();
+}
 
 std::string caching_allocator::describe_unknown_pointer_locked(const void* ptr) const {
   const std::uintptr_t address = to_address(ptr);

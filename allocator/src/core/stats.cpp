@@ -41,6 +41,7 @@ std::map<std::string, double> device_stats::to_map() const {
   out["num_device_free"] = static_cast<double>(num_device_free);
   out["num_cross_stream_reuses"] = static_cast<double>(num_cross_stream_reuses);
   out["num_recent_reuses"] = static_cast<double>(num_recent_reuses);
+  out["num_combined_calls"] = static_cast<double>(num_combined_calls);
   out["max_split_size"] = static_cast<double>(max_split_size);
   put_counter(out, "vmm.mapped_chunks", mapped_chunks);
   out["vmm.num_chunk_maps"] = static_cast<double>(num_chunk_maps);

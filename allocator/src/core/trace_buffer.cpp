@@ -5,11 +5,12 @@
 // Note [trace delivery]: while a listener is set, the core appends events to
 // trace_events_ under its lock (record_trace_locked: one branch when no
 // listener is set, and nothing to allocate). Every public call that can
-// produce events holds the lock through a locked_call, whose destructor
-// takes the buffer, releases the lock and only then calls the listener, on
-// the calling thread and before the call returns -- or before its exception
-// (out_of_memory after an oom event) reaches the caller. So the listener
-// may call back into the allocator, and each call's events arrive in the
+// produce events holds the lock through a locked_call (which runs no
+// other thread's call while a listener is set, Note [combined calls]),
+// whose destructor takes the buffer, releases the lock and only then calls
+// the listener, on the calling thread and before the call returns -- or
+// before its exception (out_of_memory after an oom event) reaches the
+// caller. So the listener may call back into the allocator, and each call's events arrive in the
 // order they happened; calls made on one thread arrive in call order.
 // Concurrent calls on different threads each deliver their own batch, so
 // their batches may reach the listener in either order.

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <set>
@@ -116,6 +117,10 @@ class sim_backend final : public device_backend {
   // Makes every future call at `point` fail until clear_faults().
   void fail_always(sim_fault_point point, status_code code = status_code::out_of_memory);
   void clear_faults();
+  // Runs `hook` once, at the start of the next allocate_segment and outside
+  // the sim's lock: the allocator that called holds its own lock meanwhile,
+  // so a test can stage calls of other threads that find it taken.
+  void on_next_allocate_segment(std::function<void()> hook);
   // Events recorded but not yet completed, oldest record first.
   std::vector<event_handle> pending_events() const;
   void complete_event(event_handle event);
@@ -221,6 +226,7 @@ class sim_backend final : public device_backend {
 
   sim_config config_;
   mutable std::mutex mutex_;
+  std::function<void()> next_allocate_hook_;  // guarded by mutex_
   std::size_t address_alignment_;  // of every segment and range base
   std::uintptr_t next_address_;
   std::uintptr_t address_end_;  // of this device's span

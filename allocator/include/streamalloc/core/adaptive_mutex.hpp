@@ -41,6 +41,20 @@ class adaptive_mutex {
   // sections with acquisitions() n and n + 1 had nothing run between them.
   // Read only while holding the lock.
   std::uint64_t acquisitions() const { return acquisitions_; }
+  // A holder that runs another thread's call counts it as a section of its
+  // own (Note [combined calls] in caching_allocator.cpp).
+  void count_section() { ++acquisitions_; }
+  // Whether the lock was free a moment ago: a waiter polls this before it
+  // tries, so that its retries do not take the lock's cache line away.
+  bool looks_free() const { return state_.load(std::memory_order_relaxed) == k_unlocked; }
+  // A spin-wait's pause, easier on the core's sibling and the memory bus.
+  static void pause() {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    asm volatile("yield");
+#endif
+  }
   void unlock() {
     profile_.releasing();
     if (state_.exchange(k_unlocked, std::memory_order_release) == k_contended) wake_one();

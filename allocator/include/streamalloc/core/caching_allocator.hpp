@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <exception>
 #include <functional>
 #include <map>
 #include <memory>
@@ -21,6 +22,7 @@
 #include "streamalloc/core/adaptive_mutex.hpp"
 #include "streamalloc/core/address_map.hpp"
 #include "streamalloc/core/block.hpp"
+#include "streamalloc/core/call_combiner.hpp"
 #include "streamalloc/core/config.hpp"
 #include "streamalloc/core/event_pool.hpp"
 #include "streamalloc/core/free_block_index.hpp"
@@ -176,9 +178,13 @@ class caching_allocator {
   // --- fork support (pthread_atfork handlers of the process allocator) ---
   // Takes the allocator's lock, so no other thread is inside it when the
   // process forks; unlock_after_fork() releases it, in the parent and in
-  // the child (whose only thread is the one that forked).
+  // the child (whose only thread is the one that forked; the calls other
+  // threads left for the lock's holder are dropped there).
   void lock_for_fork();
   void unlock_after_fork();
+  // Whether a call waits for the lock's holder to run it (Note [combined
+  // calls]); read without the lock, for tests that stage a combined call.
+  bool calls_waiting() const { return !waiting_calls_.empty(); }
 
   int device() const { return backend_.device_index(); }
   device_backend& backend() { return backend_; }
@@ -206,10 +212,15 @@ class caching_allocator {
   // Holds the lock for one public call and, on leaving, hands the trace
   // events the call recorded to the listener after unlocking (Note [trace
   // delivery]). Without a listener it costs one branch over a lock_guard.
+  // Before it unlocks, it runs the calls that wait for the lock (Note
+  // [combined calls]).
   class locked_call {
    public:
     explicit locked_call(caching_allocator& owner) : owner_(owner) { owner_.mutex_.lock(); }
+    // For a lock this thread has just taken.
+    locked_call(caching_allocator& owner, std::adopt_lock_t) : owner_(owner) {}
     ~locked_call() {
+      if (!owner_.waiting_calls_.empty()) owner_.run_waiting_locked(nullptr);
       if (owner_.trace_events_.empty()) {
         owner_.mutex_.unlock();
       } else {
@@ -222,6 +233,29 @@ class caching_allocator {
    private:
     caching_allocator& owner_;
   };
+  // Note [combined calls]: an allocate or a free, run under the lock by
+  // its caller or by the thread holding the lock when it came.
+  struct combined_call : call_combiner::call {
+    bool is_free = false;
+    std::size_t bytes = 0;  // allocate
+    stream_handle stream = 0;
+    pool_id pool = 0;
+    void* ptr = nullptr;  // free: the pointer; allocate: the result
+    std::exception_ptr error;
+  };
+  // The path of an allocate or free that found the lock taken: waits for
+  // the holder to run `own`, or runs it on taking the lock; rethrows its
+  // exception on the calling thread.
+  void run_contended(combined_call& own);
+  // Lists `own` for the holder and waits. True: another thread ran it and
+  // the lock is not held; false: this thread holds the lock, and `own` is
+  // still listed (state waiting) or was left to it (declined).
+  bool await_holder(combined_call& own);
+  // Runs the listed calls (`own`, when listed, among them: not finished,
+  // its caller is this thread), each a critical section of its own.
+  void run_waiting_locked(combined_call* own);
+  void run_one_locked(combined_call& c);
+  void free_locked(void* ptr);
   struct pending_event {  // one outstanding event of a pending free
     event_handle event;
     block* owner;
@@ -463,6 +497,8 @@ class caching_allocator {
   allocator_config config_;  // update_config changes some fields
   size_policy policy_;       // reads config_
   mutable adaptive_mutex mutex_;
+  call_combiner waiting_calls_;
+  int fork_parent_pid_ = 0;  // the process that called lock_for_fork
   // Note [trace delivery]: the listener and the events of the call under
   // way, both guarded by mutex_; and the deliveries running outside it, one
   // entry (its listener) each, guarded by delivery_mutex_.

@@ -66,6 +66,7 @@ struct device_stats {
   std::int64_t num_device_free = 0;
   std::int64_t num_cross_stream_reuses = 0;
   std::int64_t num_recent_reuses = 0;  // allocations served by a recent free (Note [recent frees])
+  std::int64_t num_combined_calls = 0;  // calls run by another thread's hold of the lock (Note [combined calls])
   std::int64_t max_split_size = 0;  // -1 when unlimited, like torch
 
   // Expandable segments (under "vmm.*"): chunks mapped now, map and unmap

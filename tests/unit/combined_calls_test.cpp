@@ -1,0 +1,220 @@
+// Note [combined calls]: a call that finds the allocator's lock taken is
+// run by the thread holding it, with its result or exception handed back;
+// not while a trace listener is set; and a forked child drops the calls
+// its parent's threads left. The holder here is a thread whose growth the
+// simulated device holds up inside allocate_segment (the allocator's lock
+// held), so each test knows which thread holds the lock and which waits.
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "streamalloc/core/trace.hpp"
+#include "streamalloc/util/errors.hpp"
+#include "support/catch.hpp"
+#include "support/sim_fixture.hpp"
+
+using namespace streamalloc;
+using streamalloc::test::addr;
+using streamalloc::test::all;
+using streamalloc::test::consistency_problem;
+using streamalloc::test::immediate_events;
+using streamalloc::test::sim_fixture;
+
+namespace {
+
+// Holds the thread that runs hook() until open().
+class gate {
+ public:
+  std::function<void()> hook() {
+    return [this] {
+      std::unique_lock<std::mutex> lock(mutex_);
+      held_ = true;
+      changed_.notify_all();
+      changed_.wait(lock, [this] { return open_; });
+    };
+  }
+  void wait_until_held() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    changed_.wait(lock, [this] { return held_; });
+  }
+  void open() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    open_ = true;
+    changed_.notify_all();
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  bool held_ = false;
+  bool open_ = false;
+};
+
+// Waits until a call is listed for the lock's holder; false after a while.
+bool wait_for_listed_call(const caching_allocator& alloc) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (!alloc.calls_waiting()) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::yield();
+  }
+  return true;
+}
+
+// Runs `waiting_call` on a thread of its own while another thread's request
+// for `grow_bytes` (which needs a new segment) holds the allocator's lock;
+// opens the gate once the call is listed. Returns the grown pointer.
+void* with_lock_held(sim_fixture& f, std::size_t grow_bytes, const std::function<void()>& waiting_call) {
+  gate g;
+  f.sim.on_next_allocate_segment(g.hook());
+  void* grown = nullptr;
+  std::thread holder([&] { grown = f.alloc.allocate(grow_bytes, f.s1); });
+  g.wait_until_held();
+  std::thread waiter(waiting_call);
+  const bool listed = wait_for_listed_call(f.alloc);
+  g.open();
+  holder.join();
+  waiter.join();
+  REQUIRE(listed);
+  return grown;
+}
+
+struct thread_recorder final : trace_listener {
+  void on_trace(const trace_event* events, std::size_t count) override {
+    std::lock_guard<std::mutex> lock(mutex);
+    for (std::size_t i = 0; i < count; ++i) seen.push_back({events[i], std::this_thread::get_id()});
+  }
+  struct entry {
+    trace_event event;
+    std::thread::id thread;
+  };
+  std::mutex mutex;
+  std::vector<entry> seen;
+};
+
+}  // namespace
+
+TEST_CASE("combined calls: the lock's holder runs an allocate and a free that wait for it", "[threads][combined]") {
+  sim_fixture f(immediate_events(1_GiB));
+  void* kept = f.alloc.allocate(4_KiB, f.s2);
+  void* cached = f.alloc.allocate(8_KiB, f.s2);
+  f.alloc.free(cached);
+
+  std::atomic<bool> freed{false};
+  void* grown = with_lock_held(f, 40_MiB, [&] {
+    f.alloc.free(kept);
+    freed.store(true);
+  });
+  CHECK(freed.load());
+  CHECK(f.stats().num_combined_calls == 1);
+  CHECK_FALSE(f.alloc.owns(kept));
+
+  void* served = nullptr;
+  void* grown_again = with_lock_held(f, 60_MiB, [&] { served = f.alloc.allocate(8_KiB, f.s2); });
+  REQUIRE(served != nullptr);
+  CHECK(f.alloc.owns(served));
+  CHECK(f.alloc.allocation_size(served) == 8_KiB);
+
+  const device_stats st = f.stats();
+  CHECK(st.num_combined_calls == 2);
+  CHECK(all(st.allocation) == 3);
+  CHECK(all(st.allocated_bytes) == static_cast<std::int64_t>(40_MiB + 60_MiB + 8_KiB));
+  f.check_consistent();
+  for (void* p : {grown, grown_again, served}) f.alloc.free(p);
+  f.alloc.empty_cache();
+  CHECK(f.sim.used_bytes() == 0);
+  f.check_consistent();
+}
+
+TEST_CASE("combined calls: a combined call's exception reaches its own caller", "[threads][combined]") {
+  sim_fixture f(immediate_events(1_GiB));
+  void* kept = f.alloc.allocate(4_KiB, f.s2);
+  std::string message;
+  bool threw_usage_error = false;
+  void* grown = with_lock_held(f, 40_MiB, [&] {
+    try {
+      f.alloc.free(static_cast<char*>(kept) + 512);  // inside a live block, not its start
+    } catch (const usage_error& e) {
+      threw_usage_error = true;
+      message = e.what();
+    }
+  });
+  CHECK(threw_usage_error);
+  CHECK(message.find("pointer") != std::string::npos);
+  CHECK(f.stats().num_combined_calls == 1);
+  CHECK(f.alloc.owns(kept));
+  CHECK(f.alloc.owns(grown));  // the holder's own call was not disturbed
+  f.alloc.free(kept);
+  f.alloc.free(grown);
+  f.check_consistent();
+}
+
+TEST_CASE("combined calls: with a trace listener each call runs and delivers on its own thread",
+          "[threads][combined]") {
+  sim_fixture f(immediate_events(1_GiB));
+  thread_recorder recorder;
+  f.alloc.set_trace_listener(&recorder);
+  void* kept = f.alloc.allocate(4_KiB, f.s2);
+  std::thread::id waiter_id;
+  void* grown = with_lock_held(f, 40_MiB, [&] {
+    waiter_id = std::this_thread::get_id();
+    f.alloc.free(kept);
+  });
+  f.alloc.set_trace_listener(nullptr);
+  CHECK(f.stats().num_combined_calls == 0);
+  bool found = false;
+  {
+    std::lock_guard<std::mutex> lock(recorder.mutex);
+    for (const thread_recorder::entry& e : recorder.seen) {
+      if (e.event.action != trace_action::free_requested || e.event.address != addr(kept)) continue;
+      found = true;
+      CHECK(e.thread == waiter_id);
+    }
+  }
+  CHECK(found);
+  f.alloc.free(grown);
+  f.check_consistent();
+}
+
+TEST_CASE("combined calls: a forked child drops the calls its parent's threads left", "[fork][combined]") {
+  sim_fixture f(immediate_events(1_GiB));
+  void* kept = f.alloc.allocate(4_KiB, f.s2);
+  f.alloc.lock_for_fork();
+  std::thread waiter([&] { f.alloc.free(kept); });
+  const bool listed = wait_for_listed_call(f.alloc);
+  const pid_t child = fork();
+  if (child == 0) {
+    // The waiter does not exist here: its free must not run, and the
+    // allocator must work.
+    f.alloc.unlock_after_fork();
+    int code = 0;
+    if (f.alloc.calls_waiting()) code = 1;
+    if (code == 0 && !f.alloc.owns(kept)) code = 2;
+    if (code == 0) {
+      void* p = f.alloc.allocate(64_KiB, f.s1);
+      f.alloc.free(p);
+      if (!consistency_problem(f.alloc, f.sim).empty()) code = 3;
+    }
+    _exit(code);
+  }
+  f.alloc.unlock_after_fork();
+  waiter.join();
+  REQUIRE(listed);
+  REQUIRE(child > 0);
+  int status = 0;
+  REQUIRE(waitpid(child, &status, 0) == child);
+  INFO("child exit codes: 1 a call still listed, 2 the parent's free ran, 3 inconsistent");
+  REQUIRE(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+  CHECK_FALSE(f.alloc.owns(kept));
+  f.check_consistent();
+}
