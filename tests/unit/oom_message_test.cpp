@@ -121,3 +121,22 @@ TEST_CASE("oom message: a request of 1 EiB or more is refused in torch's words",
   c.requested_bytes = (std::size_t{1} << 60) - 1;
   CHECK(std::string(out_of_memory(c).what()).rfind("CUDA out of memory. Tried to allocate 1073741824.00 GiB.", 0) == 0);
 }
+
+TEST_CASE("oom message: a block just freed is free memory in the report", "[errors][recent_frees]") {
+  // The 4 MiB block stays whole as a recent free (Note [recent frees]); a
+  // request too large even to round fails before any search, and what the
+  // report is made of still counts that block as free, merged with the
+  // rest of its 20 MiB segment.
+  sim_fixture f(plain_device(80_GiB));
+  f.alloc.free(f.alloc.allocate(4_MiB, f.s1));
+  try {
+    f.alloc.allocate(SIZE_MAX, f.s1);
+    FAIL("no out_of_memory");
+  } catch (const out_of_memory& e) {
+    CHECK(std::string(e.what()) == "CUDA out of memory. Tried to allocate more than 1EB memory.");
+    CHECK(e.context().allocated_bytes == 0);
+    CHECK(e.context().reserved_bytes == 20_MiB);
+    CHECK(e.context().largest_free_block_bytes == 20_MiB);
+  }
+  f.check_consistent();
+}

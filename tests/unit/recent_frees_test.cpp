@@ -73,6 +73,40 @@ struct paired_allocators {
     live.erase(live.begin() + static_cast<std::ptrdiff_t>(i));
   }
 
+  // Both report the same counters, cumulative ones too: the kept one's
+  // recent frees and reuses are counted when stats() returns them. (The
+  // cumulative inactive-split counters miss the merges and splits that
+  // reuses skip.)
+  void check_same_counters() {
+    const device_stats a = kept.alloc.stats();
+    const device_stats b = returned.alloc.stats();
+    const struct {
+      const char* name;
+      const stat_array& kept;
+      const stat_array& returned;
+    } arrays[] = {{"allocation", a.allocation, b.allocation},
+                  {"allocated_bytes", a.allocated_bytes, b.allocated_bytes},
+                  {"active", a.active, b.active},
+                  {"active_bytes", a.active_bytes, b.active_bytes},
+                  {"requested_bytes", a.requested_bytes, b.requested_bytes},
+                  {"segment", a.segment, b.segment},
+                  {"reserved_bytes", a.reserved_bytes, b.reserved_bytes},
+                  {"inactive_split", a.inactive_split, b.inactive_split}};
+    for (const auto& array : arrays) {
+      for (int type = 0; type < k_stat_type_count; ++type) {
+        INFO(array.name << "[" << type << "]");
+        const stat_counter& x = array.kept[static_cast<std::size_t>(type)];
+        const stat_counter& y = array.returned[static_cast<std::size_t>(type)];
+        CHECK(x.current == y.current);
+        CHECK(x.peak == y.peak);
+        if (std::string(array.name) != "inactive_split") {
+          CHECK(x.allocated == y.allocated);
+          CHECK(x.freed == y.freed);
+        }
+      }
+    }
+  }
+
   sim_fixture kept;
   sim_fixture returned;
   std::vector<live_pair> live;
@@ -94,12 +128,28 @@ TEST_CASE("recent frees: a same-size loop takes its block back each time", "[rec
         f.alloc.free(p);
         if (i % 10 == 0) CHECK_NOTHROW(f.alloc.validate());  // the recent free in place
       }
+      // Taken back, a recent free was never uncounted: the pointer's block
+      // counts as allocated, once.
+      CHECK(f.alloc.current_usage().allocations == 0);
+      CHECK(f.alloc.current_usage().allocated_bytes == 0);
       // stats() returns the recent free first: the counters are those of
-      // an allocator without recent frees.
+      // an allocator without recent frees, the 101 pairs in the cumulative
+      // ones.
       const device_stats st = f.stats();
       CHECK(st.num_recent_reuses == 100);
       CHECK(all(st.allocation) == 0);
       CHECK(all(st.active) == 0);
+      for (const stat_array* counts : {&st.allocation, &st.active}) {
+        CHECK(at(*counts, stat_type::all).peak == 1);
+        CHECK(at(*counts, stat_type::all).allocated == 101);
+        CHECK(at(*counts, stat_type::all).freed == 101);
+      }
+      const std::int64_t block_bytes = at(st.allocated_bytes, stat_type::all).peak;
+      CHECK(block_bytes >= static_cast<std::int64_t>(bytes));
+      for (const stat_array* counts : {&st.allocated_bytes, &st.active_bytes}) {
+        CHECK(at(*counts, stat_type::all).allocated == 101 * block_bytes);
+        CHECK(at(*counts, stat_type::all).freed == 101 * block_bytes);
+      }
       CHECK(all(st.inactive_split) == 0);
       CHECK(st.largest_free_block_bytes == all(st.reserved_bytes));
       f.check_consistent();
@@ -196,6 +246,7 @@ TEST_CASE("recent frees: placement is that of an allocator whose frees all retur
     }
     CHECK(recent_reuses(pair.kept.alloc) > 0);
     pair.kept.check_consistent();
+    pair.check_same_counters();
   }
 }
 
@@ -223,6 +274,7 @@ TEST_CASE("recent frees: loops that free and ask again place as best fit does", 
     }
     CHECK(recent_reuses(pair.kept.alloc) - reuses_before > 1000);
     pair.kept.check_consistent();
+    pair.check_same_counters();
   }
 }
 

@@ -606,21 +606,15 @@ block* caching_allocator::take_block_locked(block* b, std::size_t rounded, std::
   return b;
 }
 
-// Note [recent frees]: a recent free's allocated and active counts are
-// those its free took away (same size, stream and pool), and restoring
-// them passes no peak: a stat's current value plus what the recent frees
-// took away was at most its peak when they were freed and has not risen
-// since (a reuse moves a block's share back, other frees and returns to a
-// pool only lower it, and every other allocation, restore_pool and
-// reset_peak_stats return the recent frees first). Its requested bytes
-// may differ: that stat is updated in full. Its pointer map entry stayed.
+// Note [recent frees]: a recent free is still counted allocated and
+// active, so taking it back changes no current count; the free and the
+// allocation it makes are owed to the cumulative counters (reuse_tally_).
+// Its requested bytes may differ: that stat is updated in full. Its
+// pointer map entry stayed.
 inline void caching_allocator::reuse_recent_locked(block* b, std::size_t requested) {
-  segment* s = b->owner;
-  const auto size = static_cast<std::int64_t>(b->size);
-  restore_stat(stats_.allocation, s, 1);
-  restore_stat(stats_.allocated_bytes, s, size);
-  restore_stat(stats_.active, s, 1);
-  restore_stat(stats_.active_bytes, s, size);
+  reuse_tally& tally = reuse_tally_[b->owner->is_small ? 1 : 0];
+  ++tally.reuses;
+  tally.bytes += static_cast<std::int64_t>(b->size);
   hand_out_locked(b, requested);
 }
 
@@ -648,9 +642,10 @@ void caching_allocator::free_locked(void* ptr) {
 
   if (b->stream_uses.empty() && b->owner->pool == 0 && capture_count_.load(std::memory_order_relaxed) == 0 &&
       recent_.keep_next()) {
-    keep_recent_locked(b);  // its pointer map entry stays
+    keep_recent_locked(b);  // its pointer map entry and its counts stay
     return;
   }
+  uncount_allocation_locked(b);
   allocated_.erase_at(slot);
   if (b->stream_uses.empty()) {
     return_to_pool_locked(b);
@@ -745,16 +740,14 @@ void caching_allocator::synchronize_pending_locked() {
 }
 
 void caching_allocator::return_to_pool_locked(block* b) {
-  deactivate_locked(b);
+  complete_free_locked(b);
+  uncount_active_locked(b);
   if (b->owner->pool == 0) active_by_stream_.add(b->stream, -1);
   release_to_pool_locked(b);
 }
 
-inline void caching_allocator::deactivate_locked(block* b) {
-  segment* s = b->owner;
-  record_trace_locked(trace_action::free_completed, b->address, b->requested_size, b->stream, s->pool);
-  decrease_stat(stats_.active, s, 1);
-  decrease_stat(stats_.active_bytes, s, static_cast<std::int64_t>(b->size));
+inline void caching_allocator::complete_free_locked(block* b) {
+  record_trace_locked(trace_action::free_completed, b->address, b->requested_size, b->stream, b->owner->pool);
   b->requested_size = 0;
 }
 
@@ -772,19 +765,22 @@ inline void caching_allocator::deactivate_locked(block* b) {
 // first: an allocation that misses, a capture, empty_cache, restore_pool,
 // and every reader of stats, snapshots or free memory. So every search,
 // stitch and release sees the merged free memory it would see without
-// them. Their active stats fall and their free_completed trace entries are
-// written at the free, as without them (a reuse restores those counts
-// without peak checks, reuse_recent_locked says why); only the
-// inactive-split counts wait for the return (readers flush first, so they
-// see them right), and the cumulative inactive-split counters miss the
-// merge and split a reuse skips. Their streams' active blocks for mid-size
+// them. Their free_completed trace entries are written at the free, as
+// without them, but their counts wait for the return: allocation,
+// allocated bytes, active, active bytes and inactive split, current and
+// cumulative. Every reader of those flushes first and sees what it would
+// have seen without them (current_usage, which does not, leaves the recent
+// frees out). So a reuse changes no current count and passes no peak;
+// what it owes the cumulative counts (a free and an allocation) waits in
+// reuse_tally_ until the flush. The cumulative inactive-split counters
+// miss the merge and split a reuse skips. Their streams' active blocks for mid-size
 // requests (active_by_stream_) also count them until the return, and a
 // request leaves them out. Blocks with stream uses, and blocks of private
 // pools, return as before. A workload whose requests rarely repeat a size
 // would pay a little for keeping and gain nothing, so keeping pauses while
 // few kept blocks come back (recent_frees::keep_next).
 inline void caching_allocator::keep_recent_locked(block* b) {
-  deactivate_locked(b);
+  complete_free_locked(b);
   b->recent = true;
   // Note [repeated reuse]: the chain goes on only straight after a reuse.
   const std::uint64_t now = mutex_.acquisitions();
@@ -794,6 +790,8 @@ inline void caching_allocator::keep_recent_locked(block* b) {
 
 void caching_allocator::return_recent_locked(block* b) {
   b->recent = false;
+  uncount_allocation_locked(b);
+  uncount_active_locked(b);
   active_by_stream_.add(b->stream, -1);
   allocated_.erase(b->address);
   release_to_pool_locked(b);
@@ -803,6 +801,17 @@ void caching_allocator::flush_recent_locked() const {
   // Logically const: the blocks return to the pools they are counted in.
   auto* self = const_cast<caching_allocator*>(this);
   recent_.drain([self](block* b) { self->return_recent_locked(b); });
+  for (const bool small : {false, true}) {
+    reuse_tally& tally = self->reuse_tally_[small ? 1 : 0];
+    if (tally.reuses == 0) continue;
+    for (const stat_type type : {stat_type::all, pool_stat(small)}) {
+      at(self->stats_.allocation, type).count_cycles(tally.reuses);
+      at(self->stats_.active, type).count_cycles(tally.reuses);
+      at(self->stats_.allocated_bytes, type).count_cycles(tally.bytes);
+      at(self->stats_.active_bytes, type).count_cycles(tally.bytes);
+    }
+    tally = reuse_tally{};
+  }
 }
 
 // Note [repeated reuse]: a loop that frees a block and asks for its size
@@ -1198,8 +1207,14 @@ device_stats caching_allocator::stats() const {
 
 caching_allocator::usage caching_allocator::current_usage() const {
   std::lock_guard<adaptive_mutex> lock(mutex_);
-  return usage{at(stats_.allocation, stat_type::all).current, at(stats_.allocated_bytes, stat_type::all).current,
-               at(stats_.requested_bytes, stat_type::all).current, stats_.num_cross_stream_reuses};
+  usage out{at(stats_.allocation, stat_type::all).current, at(stats_.allocated_bytes, stat_type::all).current,
+            at(stats_.requested_bytes, stat_type::all).current, stats_.num_cross_stream_reuses};
+  // Recent frees are still counted allocated (Note [recent frees]).
+  for (std::size_t i = 0; i < recent_.size(); ++i) {
+    --out.allocations;
+    out.allocated_bytes -= static_cast<std::int64_t>(recent_.at(i)->size);
+  }
+  return out;
 }
 
 void caching_allocator::reset_peak_stats() {
@@ -1367,6 +1382,7 @@ std::string caching_allocator::describe_unknown_pointer_locked(const void* ptr) 
 }
 
 void caching_allocator::raise_oom_locked(std::size_t requested, stream_handle stream, pool_id pool) {
+  flush_recent_locked();  // the report reads statistics and free blocks
   ++stats_.num_ooms;
   oom_context context;
   context.device = backend_.device_index();
@@ -1479,12 +1495,14 @@ void caching_allocator::validate() const {
         ++allocated_blocks;
         if (b->pending_events != 0) fail("allocated block with pending events");
         if (allocated_.find(b->address) != b) fail("allocated block missing from the pointer map");
-        bump(recount.allocation, s, 1);
-        bump(recount.allocated_bytes, s, size);
         bump(recount.requested_bytes, s, static_cast<std::int64_t>(b->requested_size));
         if (policy_.is_oversize(b->size)) ++recount.oversize_allocations.current;
       }
-      if (!b->is_free() && !b->recent) {
+      if (b->allocated || b->recent) {  // a recent free stays counted (Note [recent frees])
+        bump(recount.allocation, s, 1);
+        bump(recount.allocated_bytes, s, size);
+      }
+      if (!b->is_free()) {
         bump(recount.active, s, 1);
         bump(recount.active_bytes, s, size);
         if (s->pool == 0) active_recount.add(b->stream, 1);
@@ -1496,7 +1514,6 @@ void caching_allocator::validate() const {
           fail("a recent free is allocated, pending, used by other streams or outside the default pool");
         }
         if (allocated_.find(b->address) != b) fail("recent free missing from the pointer map");
-        active_recount.add(b->stream, 1);  // counted until it returns to its pool
       }
       if (b->is_free()) {
         ++free_blocks;

@@ -281,6 +281,7 @@ std::vector<segment*> caching_allocator::restorable_segments_locked(const pool_c
 void caching_allocator::end_allocation_locked(block* b) {
   allocated_.erase(b->address);
   unmark_allocated_locked(b);
+  uncount_allocation_locked(b);
   b->stream_uses.clear();
   return_to_pool_locked(b);
 }

@@ -371,7 +371,9 @@ class caching_allocator {
   inline std::size_t chunk_start_gap(const block* b, std::size_t run, std::size_t rounded) const;
   void return_to_pool_locked(block* b);
   void release_to_pool_locked(block* b);
-  inline void deactivate_locked(block* b);
+  // A free's trace entry and requested size, once its block is no longer
+  // in use (at the free, or when its stream uses end).
+  inline void complete_free_locked(block* b);
   inline void keep_recent_locked(block* b);
   inline block* repeated_reuse_locked(std::size_t rounded, stream_handle stream, bool small);
   block* take_recent_locked(std::size_t rounded, stream_handle stream, bool small);
@@ -448,17 +450,25 @@ class caching_allocator {
     // torch's history reports the bytes the caller asked for.
     record_trace_locked(trace_action::alloc, b->address, requested, b->stream, s->pool);
   }
-  // Inline: most of a free's work.
+  // Inline: most of a free's work. The allocation and active counts fall
+  // apart, in uncount_allocation_locked and uncount_active_locked: a
+  // recent free keeps them until it returns (Note [recent frees]).
   void unmark_allocated_locked(block* b) {
     b->allocated = false;
     segment* s = b->owner;
     // free_completed follows, now or once the block's stream uses end
     // (return_to_pool_locked), as in torch's history.
     record_trace_locked(trace_action::free_requested, b->address, b->requested_size, b->stream, s->pool);
-    decrease_stat(stats_.allocation, s, 1);
-    decrease_stat(stats_.allocated_bytes, s, static_cast<std::int64_t>(b->size));
     decrease_stat(stats_.requested_bytes, s, static_cast<std::int64_t>(b->requested_size));
     if (policy_.is_oversize(b->size)) stats_.oversize_allocations.decrease(1);
+  }
+  void uncount_allocation_locked(const block* b) {
+    decrease_stat(stats_.allocation, b->owner, 1);
+    decrease_stat(stats_.allocated_bytes, b->owner, static_cast<std::int64_t>(b->size));
+  }
+  void uncount_active_locked(const block* b) {
+    decrease_stat(stats_.active, b->owner, 1);
+    decrease_stat(stats_.active_bytes, b->owner, static_cast<std::int64_t>(b->size));
   }
   // mark_allocated_locked for a recent free taken back (Note [recent frees]).
   inline void reuse_recent_locked(block* b, std::size_t requested);
@@ -479,11 +489,6 @@ class caching_allocator {
   static void decrease_stat(stat_array& array, const segment* s, std::int64_t amount) {
     at(array, stat_type::all).decrease(amount);
     at(array, pool_stat(s->is_small)).decrease(amount);
-  }
-  // increase_stat of an amount that keeps every current at or below its peak.
-  static void restore_stat(stat_array& array, const segment* s, std::int64_t amount) {
-    at(array, stat_type::all).restore(amount);
-    at(array, pool_stat(s->is_small)).restore(amount);
   }
   [[noreturn]] void raise_oom_locked(std::size_t requested, stream_handle stream = 0, pool_id pool = 0);
   std::string describe_unknown_pointer_locked(const void* ptr) const;
@@ -563,6 +568,14 @@ class caching_allocator {
   // snapshot) returns them to their pools first, which changes nothing a
   // caller can observe.
   mutable recent_frees recent_;
+  // Note [recent frees]: reuses of recent frees that the cumulative
+  // allocation and active counters have yet to count, by pool kind
+  // (index: is_small), added when the recent frees are flushed.
+  struct reuse_tally {
+    std::int64_t reuses = 0;
+    std::int64_t bytes = 0;
+  };
+  std::array<reuse_tally, 2> reuse_tally_{};
   // Note [mid-size requests]: the default pool's active blocks per stream,
   // so a mid-size request can tell a stream that holds no memory. A recent
   // free stays counted until it returns to its pool, so a reuse leaves the

@@ -22,13 +22,13 @@ struct stat_counter {
     allocated += amount;
     if (current > peak) peak = current;
   }
-  // increase() where the caller knows current stays at or below peak.
-  void restore(std::int64_t amount) {
-    current += amount;
-    allocated += amount;
-  }
   void decrease(std::int64_t amount) {
     current -= amount;
+    freed += amount;
+  }
+  // A decrease and an increase of `amount` that left current as it was.
+  void count_cycles(std::int64_t amount) {
+    allocated += amount;
     freed += amount;
   }
   void reset_peak() { peak = current; }
