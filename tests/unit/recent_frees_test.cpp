@@ -128,8 +128,8 @@ TEST_CASE("recent frees: a same-size loop takes its block back each time", "[rec
         f.alloc.free(p);
         if (i % 10 == 0) CHECK_NOTHROW(f.alloc.validate());  // the recent free in place
       }
-      // Taken back, a recent free was never uncounted: the pointer's block
-      // counts as allocated, once.
+      // The block freed last is a recent free, still counted allocated;
+      // current_usage leaves it out, as if it had returned.
       CHECK(f.alloc.current_usage().allocations == 0);
       CHECK(f.alloc.current_usage().allocated_bytes == 0);
       // stats() returns the recent free first: the counters are those of

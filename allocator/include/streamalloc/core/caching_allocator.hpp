@@ -152,9 +152,10 @@ class caching_allocator {
 
   // --- introspection ---
   device_stats stats() const;
-  // The counters that recent frees (Note [recent frees]) never hold back,
-  // read without returning them to their pools as stats() does, so a
-  // caller that polls between allocations leaves the cache as it is.
+  // Current counts as stats() reports them, read without returning the
+  // recent frees (Note [recent frees]) to their pools as stats() does (they
+  // are left out instead), so a caller that polls between allocations
+  // leaves the cache as it is.
   struct usage {
     std::int64_t allocations = 0;  // allocation.all.current
     std::int64_t allocated_bytes = 0;
@@ -451,7 +452,7 @@ class caching_allocator {
     record_trace_locked(trace_action::alloc, b->address, requested, b->stream, s->pool);
   }
   // Inline: most of a free's work. The allocation and active counts fall
-  // apart, in uncount_allocation_locked and uncount_active_locked: a
+  // separately (uncount_allocation_locked, uncount_active_locked): a
   // recent free keeps them until it returns (Note [recent frees]).
   void unmark_allocated_locked(block* b) {
     b->allocated = false;
