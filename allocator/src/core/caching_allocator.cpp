@@ -38,7 +38,7 @@ namespace {
 
 constexpr std::size_t k_max_size = std::numeric_limits<std::size_t>::max();
 // Note [combined calls].
-constexpr int k_combining_rounds = 4;
+constexpr int k_combined_calls_per_hold = 256;
 constexpr int k_waiting_spins = 2000;
 
 std::uintptr_t to_address(const void* ptr) { return reinterpret_cast<std::uintptr_t>(ptr); }
@@ -134,10 +134,14 @@ void* caching_allocator::allocate(std::size_t bytes, stream_handle stream) {
 // trace listener is set, whose events must reach the listener on the
 // calling thread (Note [trace delivery]), and while a graph capture is
 // underway, when device calls made on the capturing thread for another
-// thread's request could join the capture or be refused. A holder empties
-// the list at most k_combining_rounds times, so that its own caller is not
-// held up for long; a waiter still listed after k_waiting_spins polls
-// takes the lock itself, sleeping if it must.
+// thread's request could join the capture or be refused. Each change of
+// holder moves that state to another core, so a holder keeps emptying the
+// list until it has run k_combined_calls_per_hold calls (plus those of its
+// last take), which bounds how long its own caller is held up: about 0.2
+// ms with 16 threads on the H200's host (bench/RESULTS.md, fourteenth
+// session). A waiter
+// still listed after k_waiting_spins polls takes the lock itself, sleeping
+// if it must.
 void caching_allocator::run_contended(combined_call& own) {
   if (!await_holder(own)) {
     locked_call call(*this, std::adopt_lock);
@@ -174,10 +178,12 @@ bool caching_allocator::await_holder(combined_call& own) {
 }
 
 void caching_allocator::run_waiting_locked(combined_call* own) {
-  for (int round = 0; round < k_combining_rounds; ++round) {
+  int ran = 0;
+  while (ran < k_combined_calls_per_hold) {
     call_combiner::call* next = waiting_calls_.take_all();
     if (next == nullptr) return;
     while (next != nullptr) {
+      ++ran;
       auto& c = static_cast<combined_call&>(*next);
       next = c.next;  // before c finishes: its caller may return at once
       // The next call was written on its caller's core: fetch it meanwhile.

@@ -71,8 +71,11 @@ class adaptive_mutex {
   void lock_contended();
   void wake_one();
 
-  std::atomic<int> state_{k_unlocked};
-  std::uint64_t acquisitions_ = 0;  // written only by the holder
+  // Each on a cache line of its own: waiters poll the lock word while the
+  // holder counts the sections it runs for them (Note [combined calls] in
+  // caching_allocator.cpp), and neither may take the line from the other.
+  alignas(64) std::atomic<int> state_{k_unlocked};
+  alignas(64) std::uint64_t acquisitions_ = 0;  // written only by the holder
   lock_profile profile_;
 };
 
