@@ -13,6 +13,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
+#include <future>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -132,6 +133,76 @@ TEST_CASE("combined calls: the lock's holder runs an allocate and a free that wa
   for (void* p : {grown, grown_again, served}) f.alloc.free(p);
   f.alloc.empty_cache();
   CHECK(f.sim.used_bytes() == 0);
+  f.check_consistent();
+}
+
+TEST_CASE("combined calls: a holder returns once it has run its share, with calls still listed",
+          "[threads][combined]") {
+  // Every call the holder runs grows a segment, and the sim's hook lists
+  // the next thread's call before that growth goes on: the list is never
+  // empty while the chain lasts, so only the holder's budget lets its own
+  // caller return before the chain ends.
+  allocator_config cfg;
+  cfg.expandable_segments = false;  // every request below grows a segment
+  sim_fixture f(immediate_events(16_GiB), cfg);
+  constexpr int chain = caching_allocator::k_combined_calls_per_hold + 64;
+  std::vector<std::promise<void>> go(chain);
+  std::vector<void*> served(chain, nullptr);
+  std::vector<std::thread> callers;
+  for (int k = 0; k < chain; ++k) {
+    callers.emplace_back([&, k] {
+      go[static_cast<std::size_t>(k)].get_future().wait();
+      served[static_cast<std::size_t>(k)] = f.alloc.allocate(12_MiB, f.s2);
+    });
+  }
+  // The calls of the chain let go so far; the hook lets the next one go,
+  // and the test body lets go the rest should the chain break.
+  std::mutex go_mutex;
+  int listed = 0;
+  const auto let_go = [&]() -> bool {
+    std::lock_guard<std::mutex> lock(go_mutex);
+    if (listed == chain) return false;
+    go[static_cast<std::size_t>(listed++)].set_value();
+    return true;
+  };
+  std::function<void()> list_next = [&] {
+    f.sim.on_next_allocate_segment(list_next);
+    if (!let_go()) return;
+    while (!f.alloc.calls_waiting()) std::this_thread::yield();
+  };
+  f.sim.on_next_allocate_segment(list_next);
+  int listed_at_return = 0;
+  void* own = nullptr;  // kept until the end, so each call of the chain grows
+  std::thread holder([&] {
+    own = f.alloc.allocate(40_MiB, f.s1);
+    std::lock_guard<std::mutex> lock(go_mutex);
+    listed_at_return = listed;
+  });
+  holder.join();
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  int listed_in_the_end = 0;
+  for (;;) {
+    {
+      std::lock_guard<std::mutex> lock(go_mutex);
+      listed_in_the_end = listed;
+    }
+    if (listed_in_the_end == chain || std::chrono::steady_clock::now() > deadline) break;
+    std::this_thread::yield();
+  }
+  while (let_go()) {
+  }
+  for (std::thread& t : callers) t.join();
+  f.sim.on_next_allocate_segment(nullptr);
+  // The holder ran the first k_combined_calls_per_hold calls; the next was
+  // listed by then, and its caller took the lock once the holder left.
+  CHECK(listed_at_return == caching_allocator::k_combined_calls_per_hold + 1);
+  CHECK(listed_in_the_end == chain);
+  CHECK(f.stats().num_combined_calls >= caching_allocator::k_combined_calls_per_hold);
+  f.alloc.free(own);
+  for (void* p : served) {
+    CHECK(f.alloc.owns(p));
+    f.alloc.free(p);
+  }
   f.check_consistent();
 }
 

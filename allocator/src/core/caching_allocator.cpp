@@ -38,7 +38,6 @@ namespace {
 
 constexpr std::size_t k_max_size = std::numeric_limits<std::size_t>::max();
 // Note [combined calls].
-constexpr int k_combined_calls_per_hold = 256;
 constexpr int k_waiting_spins = 2000;
 
 std::uintptr_t to_address(const void* ptr) { return reinterpret_cast<std::uintptr_t>(ptr); }

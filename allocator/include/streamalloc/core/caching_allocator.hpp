@@ -186,6 +186,9 @@ class caching_allocator {
   // Whether a call waits for the lock's holder to run it (Note [combined
   // calls]); read without the lock, for tests that stage a combined call.
   bool calls_waiting() const { return !waiting_calls_.empty(); }
+  // Note [combined calls]: a holder takes no more listed calls once it has
+  // run this many, so that its own caller is not held up for long.
+  static constexpr int k_combined_calls_per_hold = 256;
 
   int device() const { return backend_.device_index(); }
   device_backend& backend() { return backend_; }
