@@ -138,9 +138,8 @@ void* caching_allocator::allocate(std::size_t bytes, stream_handle stream) {
 // list until it has run k_combined_calls_per_hold calls (plus those of its
 // last take), which bounds how long its own caller is held up: about 0.2
 // ms with 16 threads on the H200's host (bench/RESULTS.md, fourteenth
-// session). A waiter
-// still listed after k_waiting_spins polls takes the lock itself, sleeping
-// if it must.
+// session). A waiter still listed after k_waiting_spins polls takes the
+// lock itself, sleeping if it must.
 void caching_allocator::run_contended(combined_call& own) {
   if (!await_holder(own)) {
     locked_call call(*this, std::adopt_lock);
