@@ -260,19 +260,28 @@ TEST_CASE("recent frees: loops that free and ask again place as best fit does", 
     paired_allocators pair(kind.device, 20261202);
     const std::size_t sizes[] = {512, 64_KiB, 1_MiB, 3_MiB, 6_MiB};
     const std::int64_t reuses_before = recent_reuses(pair.kept.alloc);
+    const std::uint64_t sections_before = pair.kept.alloc.critical_sections();
+    std::uint64_t calls = 0;
     for (int step = 0; step < 6000; ++step) {
       const std::uint64_t op = pair.next(10);
       if (op < 6 && !pair.live.empty()) {  // the loop
         const paired_allocators::live_pair last = pair.live.back();
         pair.free_at(pair.live.size() - 1);
         pair.allocate(last.bytes, last.second_stream, step);
+        calls += 2;
       } else if (op < 8 || pair.live.size() < 2) {
-        if (pair.live.size() < 12) pair.allocate(sizes[pair.next(std::size(sizes))], pair.next(4) == 0, step);
+        if (pair.live.size() < 12) {
+          pair.allocate(sizes[pair.next(std::size(sizes))], pair.next(4) == 0, step);
+          ++calls;
+        }
       } else {
         pair.free_at(pair.next(pair.live.size()));
+        ++calls;
       }
     }
     CHECK(recent_reuses(pair.kept.alloc) - reuses_before > 1000);
+    // Note [repeats without the lock]: loops that went on ran without one.
+    CHECK(pair.kept.alloc.critical_sections() - sections_before + 500 < calls);
     pair.kept.check_consistent();
     pair.check_same_counters();
   }

@@ -103,7 +103,11 @@ caching_allocator::~caching_allocator() {
 
 void* caching_allocator::allocate(std::size_t bytes, stream_handle stream) {
   if (bytes == 0) return nullptr;
-  const pool_id pool = capture_count_.load(std::memory_order_acquire) != 0 ? route_capture(stream) : 0;
+  const bool capturing = capture_count_.load(std::memory_order_acquire) != 0;
+  if (!capturing) {
+    if (void* p = repeat_.take(bytes, stream, mutex_.acquisitions())) return p;
+  }
+  const pool_id pool = capturing ? route_capture(stream) : 0;
   if (!mutex_.try_lock()) {
     combined_call call;
     call.bytes = bytes;
@@ -214,6 +218,7 @@ void caching_allocator::run_one_locked(combined_call& c) {
 }
 
 void* caching_allocator::allocate_locked(std::size_t bytes, stream_handle stream, pool_id pool) {
+  unpark_locked();
   // A pool released between routing and locking (or while its capture is
   // still underway) serves nothing new: the request goes to the default pool.
   if (pool != 0 && !pool_in_use_locked(pool)) pool = 0;
@@ -246,6 +251,12 @@ void* caching_allocator::allocate_locked(std::size_t bytes, stream_handle stream
         recent_.count_hit();
         b->reuse_chain = mutex_.acquisitions();
         reuse_recent_locked(b, bytes);
+        // Note [repeats without the lock]: the chain of Note [repeated
+        // reuse] may go on without the lock.
+        if (recent_.empty() && pending_.empty() && listener_ == nullptr) {
+          count_lock_free_reuses_locked(repeat_.armed());
+          repeat_.arm(b, bytes, b->reuse_chain);
+        }
         return reinterpret_cast<void*>(b->address);
       }
     }
@@ -627,6 +638,7 @@ inline void caching_allocator::reuse_recent_locked(block* b, std::size_t request
 
 void caching_allocator::free(void* ptr) {
   if (ptr == nullptr) return;
+  if (repeat_.park(ptr, mutex_.acquisitions())) return;
   if (!mutex_.try_lock()) {
     combined_call call;
     call.is_free = true;
@@ -639,9 +651,16 @@ void caching_allocator::free(void* ptr) {
 }
 
 void caching_allocator::free_locked(void* ptr) {
+  unpark_locked();
   const std::size_t slot = allocated_.slot_of(to_address(ptr));
   block* b = allocated_.at(slot);
   if (b == nullptr || !b->allocated) throw usage_error(describe_unknown_pointer_locked(ptr));
+  free_block_locked(b, slot);
+}
+
+void caching_allocator::free_block_locked(block* b, std::size_t slot) {
+  if (b->lock_free_reuses_counted != repeat_slot::reuses_of(b)) count_lock_free_reuses_locked(b);
+  if (b == repeat_.armed()) repeat_.disarm();
   unmark_allocated_locked(b);
 
   if (b->stream_uses.empty() && b->owner->pool == 0 && capture_count_.load(std::memory_order_relaxed) == 0 &&
@@ -804,6 +823,8 @@ void caching_allocator::return_recent_locked(block* b) {
 void caching_allocator::flush_recent_locked() const {
   // Logically const: the blocks return to the pools they are counted in.
   auto* self = const_cast<caching_allocator*>(this);
+  self->unpark_locked();
+  self->count_lock_free_reuses_locked(repeat_.armed());
   recent_.drain([self](block* b) { self->return_recent_locked(b); });
   for (const bool small : {false, true}) {
     reuse_tally& tally = self->reuse_tally_[small ? 1 : 0];
@@ -816,6 +837,51 @@ void caching_allocator::flush_recent_locked() const {
     }
     tally = reuse_tally{};
   }
+}
+
+// Note [repeats without the lock]: the chain of Note [repeated reuse]
+// needs no critical section at all while nothing else runs. A reuse from
+// the recent frees that leaves none behind, with no event pending and no
+// trace listener, arms repeat_ with its block in its section n. Until
+// another section begins (the lock's count moves past n), a free of that
+// block parks it in repeat_ without the lock, and a request for the same
+// bytes on the same stream takes it back without the lock: exactly what
+// the chain would do, and nothing else has changed. The parked block
+// stays allocated in every count, in the pointer map and to its
+// neighbours, so whatever a section sees is consistent; each section that
+// allocates, frees or reads unparks it first thing (unpark_locked) and
+// frees it as its free would have, so readers see what they would have
+// seen. A take that loses the race with that unpark finds nothing; one
+// that wins it happened before the section. A reuse changes no current
+// count; what it owes the cumulative counts (a free and an allocation,
+// with their bytes and requested bytes) is counted in the block and added
+// when it is freed, unparked or re-armed, or when a reader flushes.
+// Captures never use it (a capture's first section ends the arming, and
+// allocate checks for one); a second free of a parked block fails to park
+// and reaches free_locked, which reports it.
+void caching_allocator::unpark_locked() {
+  block* b = repeat_.unpark();
+  if (b == nullptr) return;
+  free_block_locked(b, allocated_.slot_of(b->address));
+}
+
+void caching_allocator::count_lock_free_reuses_locked(block* b) {
+  if (b == nullptr) return;
+  const std::uint64_t reuses = repeat_slot::reuses_of(b);
+  const auto n = static_cast<std::int64_t>(reuses - b->lock_free_reuses_counted);
+  if (n == 0) return;
+  b->lock_free_reuses_counted = reuses;
+  const bool small = b->owner->is_small;
+  reuse_tally& tally = reuse_tally_[small ? 1 : 0];
+  tally.reuses += n;
+  tally.bytes += n * static_cast<std::int64_t>(b->size);
+  stats_.num_recent_reuses += n;
+  allocation_clock_ += static_cast<std::uint64_t>(n);
+  const std::int64_t requested = n * static_cast<std::int64_t>(b->requested_size);
+  for (const stat_type type : {stat_type::all, pool_stat(small)}) {
+    at(stats_.requested_bytes, type).count_cycles(requested);
+  }
+  if (policy_.is_oversize(b->size)) stats_.oversize_allocations.count_cycles(n);
 }
 
 // Note [repeated reuse]: a loop that frees a block and asks for its size
@@ -1213,10 +1279,16 @@ caching_allocator::usage caching_allocator::current_usage() const {
   std::lock_guard<adaptive_mutex> lock(mutex_);
   usage out{at(stats_.allocation, stat_type::all).current, at(stats_.allocated_bytes, stat_type::all).current,
             at(stats_.requested_bytes, stat_type::all).current, stats_.num_cross_stream_reuses};
-  // Recent frees are still counted allocated (Note [recent frees]).
+  // Recent frees and a parked block are still counted allocated (Notes
+  // [recent frees] and [repeats without the lock]).
   for (std::size_t i = 0; i < recent_.size(); ++i) {
     --out.allocations;
     out.allocated_bytes -= static_cast<std::int64_t>(recent_.at(i)->size);
+  }
+  if (const block* parked = repeat_.parked()) {
+    --out.allocations;
+    out.allocated_bytes -= static_cast<std::int64_t>(parked->size);
+    out.requested_bytes -= static_cast<std::int64_t>(parked->requested_size);
   }
   return out;
 }
@@ -1565,6 +1637,11 @@ void caching_allocator::validate() const {
     fail("pointer map holds blocks that are neither allocated nor recent frees");
   }
   if (recent_.size() != recent_blocks) fail("recent frees and blocks marked recent differ in number");
+  for (const block* b : {static_cast<const block*>(repeat_.armed()), repeat_.parked()}) {
+    if (b != nullptr && (!b->allocated || allocated_.find(b->address) != b)) {
+      fail("the block armed or parked for repeats is not allocated");
+    }
+  }
   for (std::size_t i = 0; i < recent_.size(); ++i) {
     if (!recent_.at(i)->recent) fail("a recent free is not marked recent");
   }

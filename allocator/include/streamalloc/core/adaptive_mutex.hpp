@@ -25,7 +25,7 @@ class adaptive_mutex {
     const bool contended =
         !state_.compare_exchange_strong(expected, k_locked, std::memory_order_acquire, std::memory_order_relaxed);
     if (contended) lock_contended();
-    ++acquisitions_;
+    count_section();
     profile_.acquired(contended, asked);
   }
   bool try_lock() {
@@ -33,17 +33,21 @@ class adaptive_mutex {
     if (!state_.compare_exchange_strong(expected, k_locked, std::memory_order_acquire, std::memory_order_relaxed)) {
       return false;
     }
-    ++acquisitions_;
+    count_section();
     profile_.acquired(false, lock_profile::now());
     return true;
   }
   // How often the lock has been taken, this time included: two critical
   // sections with acquisitions() n and n + 1 had nothing run between them.
-  // Read only while holding the lock.
-  std::uint64_t acquisitions() const { return acquisitions_; }
+  // Read without the lock, it tells whether a section began since one of
+  // the holder's readings (Note [repeats without the lock] in
+  // caching_allocator.cpp).
+  std::uint64_t acquisitions() const { return acquisitions_.load(std::memory_order_acquire); }
   // A holder that runs another thread's call counts it as a section of its
   // own (Note [combined calls] in caching_allocator.cpp).
-  void count_section() { ++acquisitions_; }
+  void count_section() {
+    acquisitions_.store(acquisitions_.load(std::memory_order_relaxed) + 1, std::memory_order_release);
+  }
   // Whether the lock was free a moment ago: a waiter polls this before it
   // tries, so that its retries do not take the lock's cache line away.
   bool looks_free() const { return state_.load(std::memory_order_relaxed) == k_unlocked; }
@@ -75,7 +79,7 @@ class adaptive_mutex {
   // holder counts the sections it runs for them (Note [combined calls] in
   // caching_allocator.cpp), and neither may take the line from the other.
   alignas(64) std::atomic<int> state_{k_unlocked};
-  alignas(64) std::uint64_t acquisitions_ = 0;  // written only by the holder
+  alignas(64) std::atomic<std::uint64_t> acquisitions_{0};  // written only by the holder
   lock_profile profile_;
 };
 

@@ -94,6 +94,11 @@ struct block {
   // The lock acquisition of this block's last reuse from the recent frees,
   // or of the free that kept it right after one (Note [repeated reuse]).
   std::uint64_t reuse_chain = 0;
+  // Reuses of this block taken back without the lock (Note [repeats without
+  // the lock]), written through atomic builtins by the thread holding the
+  // block (repeat_slot), and how many of them the statistics count.
+  std::uint64_t lock_free_reuses = 0;
+  std::uint64_t lock_free_reuses_counted = 0;
   std::vector<stream_handle> stream_uses;
   // Where the block sits in its pool's free_block_index while free, so
   // leaving it needs no search: its links in its size class, or its node in

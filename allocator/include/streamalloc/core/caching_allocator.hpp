@@ -28,6 +28,7 @@
 #include "streamalloc/core/free_block_index.hpp"
 #include "streamalloc/core/pool_checkpoint.hpp"
 #include "streamalloc/core/recent_frees.hpp"
+#include "streamalloc/core/repeat_slot.hpp"
 #include "streamalloc/core/segment_source.hpp"
 #include "streamalloc/core/size_policy.hpp"
 #include "streamalloc/core/snapshot.hpp"
@@ -186,6 +187,9 @@ class caching_allocator {
   // Whether a call waits for the lock's holder to run it (Note [combined
   // calls]); read without the lock, for tests that stage a combined call.
   bool calls_waiting() const { return !waiting_calls_.empty(); }
+  // How many critical sections have begun; read without the lock, for
+  // tests of Note [repeats without the lock], whose calls begin none.
+  std::uint64_t critical_sections() const { return mutex_.acquisitions(); }
   // Note [combined calls]: a holder takes no more listed calls once it has
   // run this many, so that its own caller is not held up for long.
   static constexpr int k_combined_calls_per_hold = 256;
@@ -260,6 +264,13 @@ class caching_allocator {
   void run_waiting_locked(combined_call* own);
   void run_one_locked(combined_call& c);
   void free_locked(void* ptr);
+  // free_locked past the pointer's lookup (`slot`: b's in allocated_).
+  void free_block_locked(block* b, std::size_t slot);
+  // Note [repeats without the lock]: frees the block parked in repeat_, if
+  // any, first thing in a critical section that allocates, frees or reads.
+  void unpark_locked();
+  // Adds the reuses `b` made without the lock to the cumulative statistics.
+  void count_lock_free_reuses_locked(block* b);
   struct pending_event {  // one outstanding event of a pending free
     event_handle event;
     block* owner;
@@ -572,6 +583,9 @@ class caching_allocator {
   // snapshot) returns them to their pools first, which changes nothing a
   // caller can observe.
   mutable recent_frees recent_;
+  // Note [repeats without the lock]: a block a loop frees and takes back
+  // without the lock. Mutable for the readers, as recent_.
+  mutable repeat_slot repeat_;
   // Note [recent frees]: reuses of recent frees that the cumulative
   // allocation and active counters have yet to count, by pool kind
   // (index: is_small), added when the recent frees are flushed.

@@ -1,0 +1,120 @@
+// repeat_slot: the block of a loop that frees it and asks for the same
+// bytes again, handed back and forth without the allocator's lock (Note
+// [repeats without the lock] in caching_allocator.cpp). The lock's holder
+// arms it with a block it has just handed out; the arming holds until the
+// next critical section begins. Meanwhile a free of that block parks it
+// here, and a request for the same bytes on the same stream takes it back.
+// A parked block is still counted allocated; the next critical section
+// unparks it and frees it for real. Every member is atomic: the fast paths
+// run on any thread, without the lock.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+
+#include "streamalloc/backend/device_backend.hpp"
+#include "streamalloc/core/block.hpp"
+
+namespace streamalloc {
+
+class repeat_slot {
+ public:
+  // Under the lock, in critical section `section` (never 0): `b`, just
+  // handed out for `requested` bytes on its stream, may be parked and taken
+  // back until another section begins.
+  void arm(block* b, std::size_t requested, std::uint64_t section) {
+    // A seqlock's write, with release stores instead of fences (which
+    // ThreadSanitizer does not model): a reader that sees any new field
+    // sees section_ changed.
+    section_.store(k_disarmed, std::memory_order_relaxed);
+    block_.store(b, std::memory_order_release);
+    address_.store(b->address, std::memory_order_release);
+    requested_.store(requested, std::memory_order_release);
+    stream_.store(b->stream, std::memory_order_release);
+    section_.store(section, std::memory_order_release);
+  }
+  // Under the lock: no block is armed (its block is being freed).
+  void disarm() {
+    section_.store(k_disarmed, std::memory_order_relaxed);
+    block_.store(nullptr, std::memory_order_release);
+  }
+  // Under the lock: the armed block, nullptr if none. It is allocated or
+  // parked, never freed while armed.
+  block* armed() const { return block_.load(std::memory_order_relaxed); }
+
+  // Without the lock; `now`: the lock's count of sections. Parks the armed
+  // block if `ptr` is its address and no section began since the arming:
+  // the free is done. false: the caller frees through the lock.
+  bool park(const void* ptr, std::uint64_t now) {
+    arming a;
+    if (!read_arming(now, &a) || reinterpret_cast<std::uintptr_t>(ptr) != a.address) return false;
+    // Fails when the block is parked already: a second free, for the lock's
+    // path to report.
+    block* expected = nullptr;
+    return parked_.compare_exchange_strong(expected, a.b, std::memory_order_acq_rel, std::memory_order_relaxed);
+  }
+
+  // Without the lock: the parked block's address, taken back, if it is the
+  // armed block, no section began since the arming and the request is the
+  // one it was armed with; else nullptr. Counts the reuse in the block.
+  void* take(std::size_t requested, stream_handle stream, std::uint64_t now) {
+    if (parked_.load(std::memory_order_relaxed) == nullptr) return nullptr;
+    block* b = parked_.exchange(nullptr, std::memory_order_acq_rel);
+    if (b == nullptr) return nullptr;
+    arming a;
+    if (!read_arming(now, &a) || a.b != b || a.requested != requested || a.stream != stream) {
+      // Back for the next section to free (unless a second free parked it).
+      block* expected = nullptr;
+      parked_.compare_exchange_strong(expected, b, std::memory_order_acq_rel, std::memory_order_relaxed);
+      return nullptr;
+    }
+    // This thread alone holds b until its caller frees it: the count has one
+    // writer at a time; the lock's holder reads it (reuses_of).
+    __atomic_store_n(&b->lock_free_reuses, __atomic_load_n(&b->lock_free_reuses, __ATOMIC_RELAXED) + 1,
+                     __ATOMIC_RELAXED);
+    return reinterpret_cast<void*>(a.address);
+  }
+
+  // Under the lock: the parked block, no longer parked; nullptr if none.
+  block* unpark() {
+    if (parked_.load(std::memory_order_relaxed) == nullptr) return nullptr;
+    return parked_.exchange(nullptr, std::memory_order_acq_rel);
+  }
+  // Under the lock: the parked block, left parked (a reader's look).
+  const block* parked() const { return parked_.load(std::memory_order_acquire); }
+
+  // Reuses of `b` taken back here so far (the lock's holder subtracts
+  // those it has counted).
+  static std::uint64_t reuses_of(const block* b) { return __atomic_load_n(&b->lock_free_reuses, __ATOMIC_RELAXED); }
+
+ private:
+  static constexpr std::uint64_t k_disarmed = 0;
+  struct arming {
+    block* b;
+    std::uintptr_t address;
+    std::size_t requested;
+    stream_handle stream;
+  };
+  // A consistent copy of the arming (a seqlock read), if it holds at `now`.
+  bool read_arming(std::uint64_t now, arming* out) const {
+    const std::uint64_t section = section_.load(std::memory_order_acquire);
+    if (section == k_disarmed || section != now) return false;
+    out->b = block_.load(std::memory_order_acquire);
+    out->address = address_.load(std::memory_order_acquire);
+    out->requested = requested_.load(std::memory_order_acquire);
+    out->stream = stream_.load(std::memory_order_acquire);
+    return section_.load(std::memory_order_relaxed) == section;
+  }
+
+  // Its own cache line: the thread running the loop writes it on every
+  // call, while the allocator's other state stays with the lock's holder.
+  alignas(64) std::atomic<block*> parked_{nullptr};
+  std::atomic<std::uint64_t> section_{k_disarmed};
+  std::atomic<block*> block_{nullptr};
+  std::atomic<std::uintptr_t> address_{0};
+  std::atomic<std::size_t> requested_{0};
+  std::atomic<stream_handle> stream_{0};
+};
+
+}  // namespace streamalloc
