@@ -203,3 +203,30 @@ TEST_CASE("repeats without the lock: a loop beside a thread that allocates, free
         loop_allocations * static_cast<std::int64_t>(k_loop_bytes) + other_requested);
   f.check_consistent();
 }
+
+TEST_CASE("repeats without the lock: loops on several threads end with nothing allocated", "[threads][repeats]") {
+  // Each thread repeats its own size on its own stream, with a stats read
+  // now and then: arming, parking and taking back race on the one slot.
+  sim_fixture f(vmm_device());
+  constexpr int k_threads = 4;
+  constexpr int k_pairs = 20000;
+  const stream_handle streams[k_threads] = {f.s1, f.s2, f.s1, f.s2};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < k_threads; ++t) {
+    threads.emplace_back([&f, &streams, t] {
+      const std::size_t bytes = (1 + static_cast<std::size_t>(t)) * 64_KiB;
+      for (int i = 0; i < k_pairs; ++i) {
+        void* p = f.alloc.allocate(bytes, streams[t]);
+        f.alloc.free(p);
+        if (i % 1000 == 999) (void)f.alloc.stats();
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  const device_stats st = f.stats();
+  CHECK(all(st.allocation) == 0);
+  CHECK(all(st.requested_bytes) == 0);
+  CHECK(all_of(st.allocation).allocated == k_threads * k_pairs);
+  CHECK(all_of(st.allocation).freed == k_threads * k_pairs);
+  f.check_consistent();
+}

@@ -105,7 +105,12 @@ void* caching_allocator::allocate(std::size_t bytes, stream_handle stream) {
   if (bytes == 0) return nullptr;
   const bool capturing = capture_count_.load(std::memory_order_acquire) != 0;
   if (!capturing) {
-    if (void* p = repeat_.take(bytes, stream, mutex_.acquisitions())) return p;
+    block* orphan = nullptr;
+    if (void* p = repeat_.take(bytes, stream, mutex_.acquisitions(), &orphan)) return p;
+    if (orphan != nullptr) {
+      locked_call call(*this);
+      free_locked(reinterpret_cast<void*>(orphan->address));
+    }
   }
   const pool_id pool = capturing ? route_capture(stream) : 0;
   if (!mutex_.try_lock()) {
@@ -852,7 +857,10 @@ void caching_allocator::flush_recent_locked() const {
 // allocates, frees or reads unparks it first thing (unpark_locked) and
 // frees it as its free would have, so readers see what they would have
 // seen. A take that loses the race with that unpark finds nothing; one
-// that wins it happened before the section. A reuse changes no current
+// that wins it happened before the section. A take claims only the armed
+// block, and hands it out only if the same arming still holds after the
+// claim; otherwise the block it claimed (freed by its owner) goes back
+// through the lock, so none is lost. A reuse changes no current
 // count; what it owes the cumulative counts (a free and an allocation,
 // with their bytes and requested bytes) is counted in the block and added
 // when it is freed, unparked or re-armed, or when a reader flushes.

@@ -49,8 +49,8 @@ class repeat_slot {
   bool park(const void* ptr, std::uint64_t now) {
     arming a;
     if (!read_arming(now, &a) || reinterpret_cast<std::uintptr_t>(ptr) != a.address) return false;
-    // Fails when the block is parked already: a second free, for the lock's
-    // path to report.
+    // Fails when a block is parked already: a second free, or a block
+    // parked under an arming since ended, for the lock's path to free.
     block* expected = nullptr;
     return parked_.compare_exchange_strong(expected, a.b, std::memory_order_acq_rel, std::memory_order_relaxed);
   }
@@ -58,15 +58,23 @@ class repeat_slot {
   // Without the lock: the parked block's address, taken back, if it is the
   // armed block, no section began since the arming and the request is the
   // one it was armed with; else nullptr. Counts the reuse in the block.
-  void* take(std::size_t requested, stream_handle stream, std::uint64_t now) {
+  // `*orphan`: a parked block this call took out but may not hand out (a
+  // section began meanwhile), for the caller to free through the lock.
+  void* take(std::size_t requested, stream_handle stream, std::uint64_t now, block** orphan) {
     if (parked_.load(std::memory_order_relaxed) == nullptr) return nullptr;
-    block* b = parked_.exchange(nullptr, std::memory_order_acq_rel);
-    if (b == nullptr) return nullptr;
     arming a;
-    if (!read_arming(now, &a) || a.b != b || a.requested != requested || a.stream != stream) {
-      // Back for the next section to free (unless a second free parked it).
-      block* expected = nullptr;
-      parked_.compare_exchange_strong(expected, b, std::memory_order_acq_rel, std::memory_order_relaxed);
+    if (!read_arming(now, &a) || a.requested != requested || a.stream != stream) return nullptr;
+    // Only the armed block: anything else parked stays for the lock's path.
+    block* b = a.b;
+    if (!parked_.compare_exchange_strong(b, nullptr, std::memory_order_acq_rel, std::memory_order_relaxed)) {
+      return nullptr;
+    }
+    // Taken: it is free to its owner and no longer parked. Unless the same
+    // arming still holds (a block freed, recycled and armed again could be
+    // parked at the same place), it goes back through the lock.
+    arming again;
+    if (!read_arming(now, &again) || again.b != a.b || again.address != a.address) {
+      *orphan = b;
       return nullptr;
     }
     // This thread alone holds b until its caller frees it: the count has one
