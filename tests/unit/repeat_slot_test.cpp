@@ -205,7 +205,7 @@ TEST_CASE("repeats without the lock: a loop beside a thread that allocates, free
 }
 
 TEST_CASE("repeats without the lock: loops on several threads end with nothing allocated", "[threads][repeats]") {
-  // Each thread repeats its own size on its own stream, with a stats read
+  // Each thread repeats its own size on one of two streams, with a stats read
   // now and then: arming, parking and taking back race on the one slot.
   sim_fixture f(vmm_device());
   constexpr int k_threads = 4;
