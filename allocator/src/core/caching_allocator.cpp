@@ -660,10 +660,6 @@ void caching_allocator::free_locked(void* ptr) {
   const std::size_t slot = allocated_.slot_of(to_address(ptr));
   block* b = allocated_.at(slot);
   if (b == nullptr || !b->allocated) throw usage_error(describe_unknown_pointer_locked(ptr));
-  free_block_locked(b, slot);
-}
-
-void caching_allocator::free_block_locked(block* b, std::size_t slot) {
   if (b->lock_free_reuses_counted != repeat_slot::reuses_of(b)) count_lock_free_reuses_locked(b);
   if (b == repeat_.armed()) repeat_.disarm();
   unmark_allocated_locked(b);
@@ -867,10 +863,11 @@ void caching_allocator::flush_recent_locked() const {
 // Captures never use it (a capture's first section ends the arming, and
 // allocate checks for one); a second free of a parked block fails to park
 // and reaches free_locked, which reports it.
-void caching_allocator::unpark_locked() {
-  block* b = repeat_.unpark();
-  if (b == nullptr) return;
-  free_block_locked(b, allocated_.slot_of(b->address));
+void caching_allocator::free_parked_locked() {
+  // Its free, done now: free_locked finds nothing parked any more, or a
+  // block that a free which read the arming before this section parked
+  // since, and frees that first.
+  if (block* b = repeat_.unpark()) free_locked(reinterpret_cast<void*>(b->address));
 }
 
 void caching_allocator::count_lock_free_reuses_locked(block* b) {

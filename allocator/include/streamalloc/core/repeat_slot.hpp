@@ -84,11 +84,10 @@ class repeat_slot {
     return reinterpret_cast<void*>(a.address);
   }
 
+  // Under the lock: whether a block may be parked (unpark tells).
+  bool maybe_parked() const { return parked_.load(std::memory_order_relaxed) != nullptr; }
   // Under the lock: the parked block, no longer parked; nullptr if none.
-  block* unpark() {
-    if (parked_.load(std::memory_order_relaxed) == nullptr) return nullptr;
-    return parked_.exchange(nullptr, std::memory_order_acq_rel);
-  }
+  block* unpark() { return maybe_parked() ? parked_.exchange(nullptr, std::memory_order_acq_rel) : nullptr; }
   // Under the lock: the parked block, left parked (a reader's look).
   const block* parked() const { return parked_.load(std::memory_order_acquire); }
 
