@@ -8,6 +8,7 @@
 
 #include "bench_allocator.hpp"
 #include "streamalloc/core/caching_allocator.hpp"
+#include "streamalloc/util/errors.hpp"
 
 namespace streamalloc::bench {
 namespace {
@@ -68,7 +69,14 @@ class streamalloc_adaptor final : public bench_allocator {
       if (c.count == 0) continue;
       out += (out.empty() ? "" : ", ") + std::to_string(c.count) + " " + c.what;
     }
-    return out;
+    if (out.empty()) return out;
+    // Peaks are not reset per pattern (stitching reads the allocation peak),
+    // so these cover every pattern of the run so far.
+    const auto peak = [&](const stat_array& s) {
+      return format_bytes(static_cast<std::size_t>(at(s, stat_type::all).peak));
+    };
+    return "peak allocated " + peak(now.allocated_bytes) + " and peak reserved " + peak(now.reserved_bytes) +
+           " since the run began; " + out;
   }
 
   caching_allocator allocator_;

@@ -177,4 +177,20 @@ std::vector<event_handle> new_pending_events(const sim_backend& sim, Action&& ac
   return std::vector<event_handle>(pending.end() - static_cast<std::ptrdiff_t>(n), pending.end());
 }
 
+// On an expandable device: [hole 4 MiB][kept 2 MiB][hole 4 MiB][kept
+// 2 MiB] mapped for `stream`, the holes freed (four idle chunks a stitch
+// can move). Returns the two kept blocks.
+inline std::vector<void*> make_two_holes(sim_fixture& f, stream_handle stream) {
+  void* hole1 = f.alloc.allocate(4_MiB, stream);
+  void* kept1 = f.alloc.allocate(2_MiB, stream);
+  void* hole2 = f.alloc.allocate(4_MiB, stream);
+  void* kept2 = f.alloc.allocate(2_MiB, stream);
+  REQUIRE(addr(kept1) == addr(hole1) + 4_MiB);
+  REQUIRE(addr(hole2) == addr(kept1) + 2_MiB);
+  REQUIRE(addr(kept2) == addr(hole2) + 4_MiB);
+  f.alloc.free(hole1);
+  f.alloc.free(hole2);
+  return {kept1, kept2};
+}
+
 }  // namespace streamalloc::test

@@ -28,8 +28,11 @@ using namespace streamalloc;
 using streamalloc::test::addr;
 using streamalloc::test::all;
 using streamalloc::test::consistency_problem;
+using streamalloc::test::find_segment;
 using streamalloc::test::immediate_events;
+using streamalloc::test::make_two_holes;
 using streamalloc::test::sim_fixture;
+using streamalloc::test::vmm_device;
 
 namespace {
 
@@ -71,14 +74,14 @@ bool wait_for_listed_call(const caching_allocator& alloc) {
   return true;
 }
 
-// Runs `waiting_call` on a thread of its own while another thread's request
-// for `grow_bytes` (which needs a new segment) holds the allocator's lock;
-// opens the gate once the call is listed. Returns the grown pointer.
-void* with_lock_held(sim_fixture& f, std::size_t grow_bytes, const std::function<void()>& waiting_call) {
+// Runs `waiting_call` on a thread of its own while `holder_call`, on
+// another, holds the allocator's lock inside its next device allocation
+// (holder_call must make one); opens the gate once the call is listed.
+void with_lock_held(sim_fixture& f, const std::function<void()>& holder_call,
+                    const std::function<void()>& waiting_call) {
   gate g;
-  f.sim.on_next_allocate_segment(g.hook());
-  void* grown = nullptr;
-  std::thread holder([&] { grown = f.alloc.allocate(grow_bytes, f.s1); });
+  f.sim.on_next_memory_allocation(g.hook());
+  std::thread holder(holder_call);
   g.wait_until_held();
   std::thread waiter(waiting_call);
   const bool listed = wait_for_listed_call(f.alloc);
@@ -86,6 +89,13 @@ void* with_lock_held(sim_fixture& f, std::size_t grow_bytes, const std::function
   holder.join();
   waiter.join();
   REQUIRE(listed);
+}
+
+// The same with a request for `grow_bytes` on s1 (which needs a new
+// segment) holding the lock. Returns the grown pointer.
+void* with_lock_held(sim_fixture& f, std::size_t grow_bytes, const std::function<void()>& waiting_call) {
+  void* grown = nullptr;
+  with_lock_held(f, [&] { grown = f.alloc.allocate(grow_bytes, f.s1); }, waiting_call);
   return grown;
 }
 
@@ -170,12 +180,12 @@ TEST_CASE("combined calls: a holder returns once it has run its share, with call
   std::thread::id holder_id;
   int growths_on_holder = 0;
   std::function<void()> list_next = [&] {
-    f.sim.on_next_allocate_segment(list_next);
+    f.sim.on_next_memory_allocation(list_next);
     if (std::this_thread::get_id() == holder_id) ++growths_on_holder;
     if (!let_go()) return;
     while (!f.alloc.calls_waiting()) std::this_thread::yield();
   };
-  f.sim.on_next_allocate_segment(list_next);
+  f.sim.on_next_memory_allocation(list_next);
   void* own = nullptr;  // kept until the end, so each call of the chain grows
   std::thread holder([&] {
     holder_id = std::this_thread::get_id();
@@ -195,7 +205,7 @@ TEST_CASE("combined calls: a holder returns once it has run its share, with call
   while (let_go()) {
   }
   for (std::thread& t : callers) t.join();
-  f.sim.on_next_allocate_segment(nullptr);
+  f.sim.on_next_memory_allocation(nullptr);
   // The holder grew for its own call and ran the first
   // k_combined_calls_per_hold calls of the chain; the next call's caller
   // took the lock once the holder left, and so on to the chain's end.
@@ -291,5 +301,85 @@ TEST_CASE("combined calls: a forked child drops the calls its parent's threads l
   REQUIRE(WIFEXITED(status));
   CHECK(WEXITSTATUS(status) == 0);
   CHECK_FALSE(f.alloc.owns(kept));
+  f.check_consistent();
+}
+
+namespace {
+
+// Note [stitching under contention]: 12 MiB mapped on s1 (make_two_holes:
+// four idle chunks), then 2 MiB on s2. With stitch_slack:0.4 and no
+// cross-stream reuse, the 2 MiB grows without a stitch, and an 8 MiB
+// request on s1 afterwards wants one (22 MiB reserved would pass 1.4
+// times the 14 MiB peak).
+allocator_config contention_config() { return allocator_config::parse("stitch_slack:0.4,cross_stream_reuse:False"); }
+
+struct two_requests {
+  void* on_s2 = nullptr;
+  void* big = nullptr;
+};
+
+// The 2 MiB request holds the lock in its chunk creation while the 8 MiB
+// one waits for it, so the holder runs the 8 MiB request.
+two_requests request_while_waiting(sim_fixture& f) {
+  make_two_holes(f, f.s1);
+  REQUIRE(all(f.stats().reserved_bytes) == static_cast<std::int64_t>(12_MiB));
+  two_requests r;
+  with_lock_held(f, [&] { r.on_s2 = f.alloc.allocate(2_MiB, f.s2); }, [&] { r.big = f.alloc.allocate(8_MiB, f.s1); });
+  REQUIRE(r.on_s2 != nullptr);
+  REQUIRE(r.big != nullptr);
+  REQUIRE(f.stats().num_combined_calls == 1);
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("stitching under contention: a request run for a waiting thread maps new chunks instead",
+          "[threads][combined][expandable]") {
+  SECTION("one thread at a time: the request stitches the holes") {
+    sim_fixture f(vmm_device(), contention_config());
+    make_two_holes(f, f.s1);
+    void* on_s2 = f.alloc.allocate(2_MiB, f.s2);
+    CHECK(f.stats().num_stitched_blocks == 0);
+    void* big = f.alloc.allocate(8_MiB, f.s1);
+    const device_stats st = f.stats();
+    CHECK(st.num_stitched_blocks == 1);
+    CHECK(st.num_chunk_unmaps == 4);
+    CHECK(all(st.reserved_bytes) == static_cast<std::int64_t>(14_MiB));
+    f.check_consistent();
+    f.alloc.free(big);
+    f.alloc.free(on_s2);
+  }
+  SECTION("the same request waiting for the lock's holder: new chunks, no stitch") {
+    sim_fixture f(vmm_device(), contention_config());
+    const two_requests r = request_while_waiting(f);
+    const device_stats st = f.stats();
+    CHECK(st.num_stitched_blocks == 0);
+    CHECK(st.num_chunk_unmaps == 0);
+    CHECK(st.num_stitch_syncs == 0);
+    CHECK(all(st.reserved_bytes) == static_cast<std::int64_t>(22_MiB));
+    f.check_consistent();
+    f.alloc.free(r.big);
+    f.alloc.free(r.on_s2);
+    f.check_consistent();
+  }
+}
+
+TEST_CASE("stitching under contention: what the device cannot give is still stitched",
+          "[threads][combined][expandable]") {
+  // Room for 16 MiB of chunks: after the 14 MiB above, one more chunk, so
+  // the waiting 8 MiB request maps one new chunk and stitches three.
+  sim_fixture f(vmm_device(16_MiB), contention_config());
+  const two_requests r = request_while_waiting(f);
+  const device_stats st = f.stats();
+  CHECK(st.num_stitched_blocks == 1);
+  CHECK(st.num_chunk_unmaps == 3);
+  CHECK(all(st.reserved_bytes) == static_cast<std::int64_t>(16_MiB));
+  f.check_consistent();
+  const allocator_snapshot snap = f.snapshot();
+  const segment_info* seg = find_segment(snap, addr(r.big));
+  REQUIRE(seg != nullptr);
+  CHECK(seg->is_stitched);
+  f.alloc.free(r.big);
+  f.alloc.free(r.on_s2);
   f.check_consistent();
 }

@@ -31,21 +31,6 @@ allocator_config without_stitching() {
 
 std::int64_t reserved(const sim_fixture& f) { return all(f.stats().reserved_bytes); }
 
-// Holes: [hole 4 MiB][kept 2 MiB][hole 4 MiB][kept 2 MiB], the holes freed.
-// Returns the two kept blocks.
-std::vector<void*> make_two_holes(sim_fixture& f, stream_handle stream) {
-  void* hole1 = f.alloc.allocate(4_MiB, stream);
-  void* kept1 = f.alloc.allocate(2_MiB, stream);
-  void* hole2 = f.alloc.allocate(4_MiB, stream);
-  void* kept2 = f.alloc.allocate(2_MiB, stream);
-  REQUIRE(addr(kept1) == addr(hole1) + 4_MiB);
-  REQUIRE(addr(hole2) == addr(kept1) + 2_MiB);
-  REQUIRE(addr(kept2) == addr(hole2) + 4_MiB);
-  f.alloc.free(hole1);
-  f.alloc.free(hole2);
-  return {kept1, kept2};
-}
-
 }  // namespace
 
 TEST_CASE("expandable: consecutive allocations pack into one growing range", "[expandable]") {

@@ -267,18 +267,22 @@ void sim_backend::prune_touches_locked() {
 
 // --- segments ---
 
-void sim_backend::on_next_allocate_segment(std::function<void()> hook) {
+void sim_backend::on_next_memory_allocation(std::function<void()> hook) {
   std::lock_guard<std::mutex> lock(mutex_);
-  next_allocate_hook_ = std::move(hook);
+  next_allocation_hook_ = std::move(hook);
 }
 
-status sim_backend::allocate_segment(std::size_t bytes, void** out) {
+void sim_backend::run_allocation_hook() {
   std::function<void()> hook;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    hook.swap(next_allocate_hook_);
+    hook.swap(next_allocation_hook_);
   }
   if (hook) hook();
+}
+
+status sim_backend::allocate_segment(std::size_t bytes, void** out) {
+  run_allocation_hook();
   std::lock_guard<std::mutex> lock(mutex_);
   if (status s = check_fault_locked(sim_fault_point::allocate_segment); !s) return s;
   if (out == nullptr) return invalid("allocate_segment: out is null");
@@ -449,6 +453,7 @@ status sim_backend::vm_release(void* range, std::size_t bytes) {
 
 status sim_backend::vm_create(std::size_t bytes, physical_handle* out) {
   if (!config_.virtual_memory) return unsupported();
+  run_allocation_hook();
   std::lock_guard<std::mutex> lock(mutex_);
   if (status s = check_fault_locked(sim_fault_point::vm_create); !s) return s;
   if (out == nullptr) return invalid("vm_create: out is null");

@@ -197,10 +197,14 @@ void caching_allocator::run_waiting_locked(combined_call* own) {
       if (next != nullptr) __builtin_prefetch(next);
       if (&c == own) {
         mutex_.count_section();
+        running_listed_call_ = next != nullptr;
         run_one_locked(c);
+        running_listed_call_ = false;
       } else if (listener_ == nullptr && capture_count_.load(std::memory_order_relaxed) == 0) {
         mutex_.count_section();
+        running_listed_call_ = true;
         run_one_locked(c);
+        running_listed_call_ = false;
         ++stats_.num_combined_calls;
         c.finish(call_combiner::call::done);
       } else {

@@ -303,7 +303,8 @@ constexpr key_handler k_handlers[] = {
      [](const allocator_config& c) { return std::string(c.expandable_segments ? "True" : "False"); }},
     {"stitching",
      "With expandable segments: when no mapped free block fits, move idle chunks out of free holes to serve "
-     "the request instead of mapping new memory (default True).",
+     "the request instead of mapping new memory; while other threads wait for the allocator, only what the "
+     "device cannot give (default True).",
      [](allocator_config& c, std::string_view v) { c.stitching = parse_bool("stitching", v); },
      [](const allocator_config& c) { return std::string(c.stitching ? "True" : "False"); }},
     {"stitch_slack",

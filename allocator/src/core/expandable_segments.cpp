@@ -119,6 +119,22 @@
 // unbounded 176 stitches and ratio 1.0267, with the old budget 32 and
 // 1.0228, with this rule 31 and 1.0221.
 //
+// Note [stitching under contention]: a stitch moves its chunks under the
+// allocator's lock, and the driver prices that by the byte: 35-50 us per
+// 2 MiB chunk (cuMemUnmap on one side, cuMemMap and cuMemSetAccess on the
+// other; bench/RESULTS.md, seventeenth session). One thread allocating
+// pays that itself, for memory it would otherwise keep reserved. With
+// other threads waiting for the lock (calls listed for its holder, or the
+// holder running one), every one of them pays it too, and threads on
+// streams of their own trade chunks back and forth: on the H200, 16 such
+// threads stitched thousands of chunks a run and held the lock for 30-75%
+// of it. So while others wait, growth that stitching would replace maps
+// new chunks instead, within the memory-fraction cap, and stitches only
+// what the device cannot give; reserved memory may then rise above the
+// peak of allocated memory where threads allocate at once. One thread at
+// a time never sees a call waiting, so it stitches exactly as before:
+// every replay, on the simulated device or the GPU, is unchanged.
+//
 // Note [expandable segments switched off]: update_config may switch
 // expandable segments off (and on) while memory is live, as torch's
 // _set_allocator_settings("expandable_segments:False") does. Existing
@@ -182,7 +198,12 @@ block* caching_allocator::grow_expandable_locked(std::size_t rounded, stream_han
   std::vector<physical_handle> handles;
   handles.reserve(where.chunks);
   std::size_t stolen = 0;
-  if (may_stitch && stitching_wanted_locked(where.chunks, rounded) && stitch_cycle_allows_locked(rounded)) {
+  const bool stitch =
+      may_stitch && stitching_wanted_locked(where.chunks, rounded) && stitch_cycle_allows_locked(rounded);
+  // Note [stitching under contention]: with other threads waiting, new
+  // chunks first; stitching only for what the device cannot give.
+  const bool stitch_last = stitch && others_waiting_locked();
+  if (stitch && !stitch_last) {
     stolen = steal_idle_chunks_locked(where.chunks, where, &handles);
     if (stolen > 0) count_stitch_locked(rounded);
   }
@@ -204,6 +225,15 @@ block* caching_allocator::grow_expandable_locked(std::size_t rounded, stream_han
     ++stats_.num_device_alloc;
     handles.push_back(chunk);
     created_bytes += chunk_bytes_;
+  }
+  if (stitch_last && handles.size() < where.chunks) {
+    const std::size_t created = handles.size();
+    stolen = steal_idle_chunks_locked(where.chunks - created, where, &handles);
+    if (stolen > 0) {
+      count_stitch_locked(rounded);
+      // The range marks the first `stolen` handles stitched.
+      std::rotate(handles.begin(), handles.begin() + static_cast<std::ptrdiff_t>(created), handles.end());
+    }
   }
   if (handles.size() < where.chunks) {
     // Chunks already unmapped from holes go back to the device: the ladder's

@@ -117,10 +117,11 @@ class sim_backend final : public device_backend {
   // Makes every future call at `point` fail until clear_faults().
   void fail_always(sim_fault_point point, status_code code = status_code::out_of_memory);
   void clear_faults();
-  // Runs `hook` once, at the start of the next allocate_segment and outside
-  // the sim's lock: the allocator that called holds its own lock meanwhile,
-  // so a test can stage calls of other threads that find it taken.
-  void on_next_allocate_segment(std::function<void()> hook);
+  // Runs `hook` once, at the start of the next allocate_segment or
+  // vm_create and outside the sim's lock: the allocator that called holds
+  // its own lock meanwhile, so a test can stage calls of other threads that
+  // find it taken.
+  void on_next_memory_allocation(std::function<void()> hook);
   // Events recorded but not yet completed, oldest record first.
   std::vector<event_handle> pending_events() const;
   void complete_event(event_handle event);
@@ -200,6 +201,8 @@ class sim_backend final : public device_backend {
   using touch_map = std::multimap<std::uintptr_t, touch_state>;  // start -> touch
 
   status check_fault_locked(sim_fault_point point);
+  // Runs and clears the on_next_memory_allocation hook, if any.
+  void run_allocation_hook();
   // A fresh aligned base for `bytes`, followed by an unused gap; 0 when the
   // simulated address space is exhausted.
   std::uintptr_t take_address_locked(std::size_t bytes);
@@ -226,7 +229,7 @@ class sim_backend final : public device_backend {
 
   sim_config config_;
   mutable std::mutex mutex_;
-  std::function<void()> next_allocate_hook_;  // guarded by mutex_
+  std::function<void()> next_allocation_hook_;  // guarded by mutex_
   std::size_t address_alignment_;  // of every segment and range base
   std::uintptr_t next_address_;
   std::uintptr_t address_end_;  // of this device's span

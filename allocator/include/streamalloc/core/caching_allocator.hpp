@@ -263,6 +263,10 @@ class caching_allocator {
   // its caller is this thread), each a critical section of its own.
   void run_waiting_locked(combined_call* own);
   void run_one_locked(combined_call& c);
+  // Whether another thread waits for the call under way to finish: calls
+  // are listed, or the holder is running a listed call (Note [stitching
+  // under contention]).
+  bool others_waiting_locked() const { return running_listed_call_ || !waiting_calls_.empty(); }
   void free_locked(void* ptr);
   // Note [repeats without the lock]: frees the block parked in repeat_, if
   // any, first thing in a critical section that allocates, frees or reads.
@@ -520,6 +524,9 @@ class caching_allocator {
   size_policy policy_;       // reads config_
   mutable adaptive_mutex mutex_;
   call_combiner waiting_calls_;
+  // Set while the holder runs a call whose caller, or whose successors in
+  // the holder's batch, wait for it (others_waiting_locked).
+  bool running_listed_call_ = false;
   int fork_parent_pid_ = 0;  // the process that called lock_for_fork
   // Note [trace delivery]: the listener and the events of the call under
   // way, both guarded by mutex_; and the deliveries running outside it, one
