@@ -132,8 +132,8 @@
 // new chunks instead, within the memory-fraction cap, and stitches only
 // what the device cannot give; reserved memory may then rise above the
 // peak of allocated memory where threads allocate at once. One thread at
-// a time never sees a call waiting, so it stitches exactly as before:
-// every replay, on the simulated device or the GPU, is unchanged.
+// a time never sees a call waiting, so it stitches exactly as before
+// (a trace replay, one thread, takes the same path as without the rule).
 //
 // Note [expandable segments switched off]: update_config may switch
 // expandable segments off (and on) while memory is live, as torch's
