@@ -21,7 +21,8 @@
 # (default <repo>/build-gpu), OUT (when set, the combined log and summary go
 # there; per-step logs always go to BUILD_DIR/logs), PYTEST_TARGETS (the
 # pytest step's files or folders, relative to the repository; default
-# tests/python; a long suite can be split over several calls this way).
+# tests/python; a long suite can be split over several calls this way),
+# PYTEST_K (a pytest -k expression for that step, spaces allowed).
 #
 # The steps run through scripts/lib/steps.sh, the step runner gpu-bench.sh
 # also uses. Sourced rather than run, this file only defines the settings
@@ -153,7 +154,7 @@ step_pytest() {
   test -d "$site_dir" || { echo "gpu-check: the pip step did not install the package" >&2; return 1; }
   PYTHONPATH="$site_dir${PYTHONPATH:+:$PYTHONPATH}" \
     STREAMALLOC_COUNTING_ALLOCATOR="$build_dir/lib/libcounting_allocator.so" \
-    "$python_bin" -m pytest ${PYTEST_TARGETS:-tests/python} -v -rs --durations=20 2>&1 | tee "$log"
+    "$python_bin" -m pytest ${PYTEST_TARGETS:-tests/python} ${PYTEST_K:+-k "$PYTEST_K"} -v -rs --durations=20 2>&1 | tee "$log"
   # A run where everything skipped proves nothing on a GPU machine.
   grep -Eq '[0-9]+ passed' "$log" || { echo "gpu-check: pytest passed no test" >&2; return 1; }
 }
