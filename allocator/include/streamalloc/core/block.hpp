@@ -73,12 +73,14 @@ struct tree_order {
 };
 using free_block_tree = std::set<tree_entry, tree_order, recycling_allocator<tree_entry>>;
 
-struct block {
+// Aligned to a cache line, with its fields in two groups (Note [block
+// layout]): the first line holds what is read of a block that another
+// operation only passes or looks at, coalescing a neighbour or walking a
+// size class's pairing heap; the second what a free reads of its own block.
+struct alignas(64) block {
+  // --- first cache line: neighbours and heap walks ---
   std::uintptr_t address = 0;
   std::size_t size = 0;
-  std::size_t requested_size = 0;  // 0 while free
-  stream_handle stream = 0;
-  segment* owner = nullptr;
   block* prev = nullptr;  // address neighbours inside the segment
   block* next = nullptr;
   bool allocated = false;
@@ -86,11 +88,20 @@ struct block {
   // memory behind it, kept in its pool's unmapped set (stream 0).
   bool mapped = true;
   bool counted_inactive_split = false;  // contributes to inactive_split stats
-  int pending_events = 0;               // > 0: pending free
   // Freed but kept whole among the allocator's recent frees (Note [recent
   // frees]): inactive, yet not free to its neighbours, until it is taken
   // back or returned to its pool.
   bool recent = false;
+  int pending_events = 0;  // > 0: pending free
+  // Where the block sits in its pool's free_block_index while free, so
+  // leaving it needs no search: its links in its size class, or (below,
+  // tree_position) its node in the tree of larger blocks.
+  heap_links free_links;
+
+  // --- second cache line: what a free reads of its own block ---
+  stream_handle stream = 0;
+  segment* owner = nullptr;
+  std::size_t requested_size = 0;  // 0 while free
   // The lock acquisition of this block's last reuse from the recent frees,
   // or of the free that kept it right after one (Note [repeated reuse]).
   std::uint64_t reuse_chain = 0;
@@ -100,10 +111,6 @@ struct block {
   std::uint64_t lock_free_reuses = 0;
   std::uint64_t lock_free_reuses_counted = 0;
   std::vector<stream_handle> stream_uses;
-  // Where the block sits in its pool's free_block_index while free, so
-  // leaving it needs no search: its links in its size class, or its node in
-  // the tree of larger blocks.
-  heap_links free_links;
   free_block_tree::iterator tree_position;
 
   bool is_free() const { return !allocated && pending_events == 0 && !recent; }
@@ -112,6 +119,15 @@ struct block {
   // Shares its (mapped part of a) segment with other blocks.
   bool is_split() const { return (prev != nullptr && prev->mapped) || (next != nullptr && next->mapped); }
 };
+
+// Note [block layout]: the first cache line of a block holds everything that
+// coalescing reads of a neighbour and that a pairing heap reads of the blocks
+// it passes; the second starts with what a free reads of its own block.
+// Blocks come from new (aligned new since C++17), so each starts a line.
+static_assert(alignof(block) == 64, "a block starts a cache line");
+static_assert(offsetof(block, free_links) + sizeof(heap_links) <= 64,
+              "the fields a neighbour or a heap walk reads fit the first cache line");
+static_assert(offsetof(block, stream) == 64, "a free's own fields start the second cache line");
 
 struct segment {
   std::uintptr_t address = 0;
