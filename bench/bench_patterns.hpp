@@ -49,6 +49,7 @@ struct measurement {
   int reps = 0;
   std::uint64_t pairs_per_rep = 0;  // all threads together
   summary ns_per_pair;              // wall time of a repetition / its pairs
+  std::vector<double> ns_per_pair_by_rep;  // the same, each timed repetition in order
   summary mpairs_per_s;             // pairs of a repetition / its wall time, in millions
   std::string error;                // set when the pattern failed; the figures are then empty
 };

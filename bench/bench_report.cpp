@@ -169,6 +169,10 @@ void write_json(const std::string& path, const run_info& info, const std::vector
     if (m.error.empty()) {
       w.key("ns_per_pair");
       json_summary(w, m.ns_per_pair, k_ns_decimals);
+      // In order, so a slow first repetition (growth, stitching) shows.
+      w.key("ns_per_pair_by_rep").begin_array();
+      for (const double ns : m.ns_per_pair_by_rep) w.value(ns, k_ns_decimals);
+      w.end_array();
       w.key("mpairs_per_s");
       json_summary(w, m.mpairs_per_s, k_mpairs_decimals);
     } else {
