@@ -73,10 +73,7 @@ struct tree_order {
 };
 using free_block_tree = std::set<tree_entry, tree_order, recycling_allocator<tree_entry>>;
 
-// Aligned to a cache line, with its fields in two groups (Note [block
-// layout]): the first line holds what is read of a block that another
-// operation only passes or looks at, coalescing a neighbour or walking a
-// size class's pairing heap; the second what a free reads of its own block.
+// Aligned to a cache line, its fields in two groups (Note [block layout]).
 struct alignas(64) block {
   // --- first cache line: neighbours and heap walks ---
   std::uintptr_t address = 0;
@@ -120,14 +117,15 @@ struct alignas(64) block {
   bool is_split() const { return (prev != nullptr && prev->mapped) || (next != nullptr && next->mapped); }
 };
 
-// Note [block layout]: the first cache line of a block holds everything that
-// coalescing reads of a neighbour and that a pairing heap reads of the blocks
-// it passes; the second starts with what a free reads of its own block.
-// Blocks come from new (aligned new since C++17), so each starts a line. A
-// block grew from 152 to 192 bytes; a cache model of the mixed pattern
-// counted 17% fewer L1 misses, and the threads pattern ran 8-12% faster on
-// one H200 host and no faster on another (bench/RESULTS.md, twentieth
-// session).
+// Note [block layout]: the first cache line of a block holds what is read of
+// a block that an operation only passes or looks at: what coalescing checks
+// of a neighbour (its stream only once it is found free) and what a size
+// class's pairing heap reads of the blocks it passes. The second starts with
+// what a free reads of its own block. Blocks come from new (aligned new
+// since C++17), so each starts a line. A block grew from 152 to 192 bytes; a
+// cache model of the mixed pattern counted 17% fewer L1 misses, and the
+// threads pattern ran 8-12% faster on one H200 host and no faster on
+// another (bench/RESULTS.md, twentieth session).
 static_assert(alignof(block) == 64, "a block starts a cache line");
 static_assert(offsetof(block, free_links) + sizeof(heap_links) <= 64,
               "the fields a neighbour or a heap walk reads fit the first cache line");
