@@ -13,7 +13,7 @@
 #   NAME  the named traces only (see `scripts/capture_corpus.sh --list`)
 #
 # Environment: PYTHON (default python3; needs torch with CUDA, torchvision
-# and transformers), CAPTURE_TIMEOUT_S (one capture's limit, default 120),
+# and transformers), CAPTURE_TIMEOUT_S (one capture's limit, default 300),
 # CORPUS_TIME_LIMIT_S (no capture starts once this many seconds have passed;
 # default 0, no limit), REPLAY_BIN (a built streamalloc-replay: replays the
 # captured folder with --all at the end).
@@ -53,6 +53,9 @@ corpus=(
   "detection_train|detection_train.py|"
   "lstm_train_varlen|lstm_varlen.py|"
   "recsys_sparse_train|recsys_train.py|"
+  "continuous_batching|continuous_batching.py|"
+  "compile_train|compile_train.py|"
+  "amp_accumulate|amp_accumulate.py|"
 )
 existing=(gpt2_train_varlen gpt2_generate resnet50_fixed_batch)
 
@@ -94,7 +97,7 @@ else
 fi
 
 python_bin="${PYTHON:-python3}"
-timeout_s="${CAPTURE_TIMEOUT_S:-120}"
+timeout_s="${CAPTURE_TIMEOUT_S:-300}"
 time_limit="${CORPUS_TIME_LIMIT_S:-0}"
 mkdir -p "$out_dir/logs" || exit 1
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1
