@@ -56,6 +56,8 @@ corpus=(
   "continuous_batching|continuous_batching.py|"
   "compile_train|compile_train.py|"
   "amp_accumulate|amp_accumulate.py|"
+  "rl_rollout_train|rl_rollout_train.py|"
+  "inference_server_streams8|inference_server.py|--streams 8 --seed 1"
 )
 existing=(gpt2_train_varlen gpt2_generate resnet50_fixed_batch)
 
