@@ -16,23 +16,11 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gpt2_model import gpt2  # noqa: E402
+from gpt2_model import decode, gpt2  # noqa: E402
 
 
-@torch.inference_mode()
-def generate(model, prompt, new_tokens):
-    """Greedy decoding of `new_tokens` tokens after `prompt` (batch, length)."""
-    caches = [[None, None] for _ in model.blocks]
-    logits = model(prompt, caches, start=0)
-    position = prompt.shape[1]
-    token = logits[:, -1].argmax(dim=-1, keepdim=True)
-    out = [token]
-    for _ in range(new_tokens - 1):
-        logits = model(token, caches, start=position)
-        position += 1
-        token = logits[:, -1].argmax(dim=-1, keepdim=True)
-        out.append(token)
-    return torch.cat(out, dim=1)
+def greedy(last_logits):
+    return last_logits.argmax(dim=-1, keepdim=True)
 
 
 def main():
@@ -58,7 +46,7 @@ def main():
         batch = rng.randint(args.min_batch, args.max_batch)
         length = rng.randint(args.min_prompt, args.max_prompt)
         prompt = torch.randint(0, vocab, (batch, length), device="cuda")
-        generated += generate(model, prompt, args.new_tokens).numel()
+        generated += decode(model, prompt, args.new_tokens, greedy).numel()
     torch.cuda.synchronize()
     print(
         f"gpt2_generate: {args.requests} requests, {generated} tokens generated, "

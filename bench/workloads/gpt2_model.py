@@ -128,6 +128,22 @@ class gpt2(nn.Module):
         return self.lm_head(self.ln_f(x))
 
 
+@torch.inference_mode()
+def decode(model, prompt, new_tokens, pick):
+    """`new_tokens` tokens after `prompt` (batch, length), each chosen by
+    `pick` from the last position's logits (batch, vocab), with one [k, v]
+    cache per layer grown by torch.cat a token at a time."""
+    caches = [[None, None] for _ in model.blocks]
+    logits = model(prompt, caches, start=0)
+    position = prompt.shape[1]
+    out = [pick(logits[:, -1])]
+    for _ in range(new_tokens - 1):
+        logits = model(out[-1], caches, start=position)
+        position += 1
+        out.append(pick(logits[:, -1]))
+    return torch.cat(out, dim=1)
+
+
 def training_step(model, optimizer, idx, targets):
     """One bf16-autocast training step; returns the loss tensor."""
     with torch.autocast("cuda", dtype=torch.bfloat16):

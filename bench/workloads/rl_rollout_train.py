@@ -20,23 +20,11 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _workload  # noqa: E402
 import torch  # noqa: E402
-from gpt2_model import gpt2, gpt2_config  # noqa: E402
+from gpt2_model import decode, gpt2, gpt2_config  # noqa: E402
 
 
-@torch.inference_mode()
-def sample(model, prompt, new_tokens):
-    """`new_tokens` tokens sampled after `prompt` (batch, length)."""
-    caches = [[None, None] for _ in model.blocks]
-    logits = model(prompt, caches, start=0)
-    position = prompt.shape[1]
-    out = []
-    for i in range(new_tokens):
-        token = torch.multinomial(logits[:, -1].float().softmax(dim=-1), 1)
-        out.append(token)
-        if i + 1 < new_tokens:
-            logits = model(token, caches, start=position)
-            position += 1
-    return torch.cat(out, dim=1)
+def sampled(last_logits):
+    return torch.multinomial(last_logits.float().softmax(dim=-1), 1)
 
 
 def token_logprobs(logits, tokens):
@@ -69,7 +57,7 @@ def main():
         prompt = torch.randint(0, config.vocab_size, (batch, prompt_len), device=w.device)
         policy.eval()
         with w.autocast():
-            completion = sample(policy, prompt, new)
+            completion = decode(policy, prompt, new, sampled)
         sequences = torch.cat([prompt, completion], dim=1)
         del prompt, completion
         with torch.no_grad():
