@@ -29,23 +29,22 @@ def model_config(tiny):
 
 
 class request:
-    """One request in flight: its caches, its position and how many tokens
-    it still has to produce."""
+    """One request in flight: its caches, its position, its answer's length
+    and how many of its tokens are still to come."""
 
     def __init__(self, model, prompt, answer_tokens):
         self.caches = [[None, None] for _ in model.blocks]
         logits = model(prompt, self.caches, start=0)
         self.position = prompt.shape[1]
         self.token = logits[:, -1:].argmax(dim=-1)
+        self.answer_tokens = answer_tokens
         self.left = answer_tokens - 1
-        self.produced = 1
 
     def step(self, model):
         logits = model(self.token, self.caches, start=self.position)
         self.position += 1
         self.token = logits[:, -1:].argmax(dim=-1)
         self.left -= 1
-        self.produced += 1
 
 
 def main():
@@ -83,7 +82,7 @@ def main():
             for r in [r for r in in_flight if r.left <= 0]:
                 in_flight.remove(r)
                 served += 1
-                tokens += r.produced
+                tokens += r.answer_tokens
     w.finish(f"{args.steps} iterations, {served} requests answered, {tokens} tokens")
 
 
