@@ -165,13 +165,13 @@ def bench_gpt2(torch, warmup, steps, batch, length):
 
 def bench_gpt2_generate(torch, warmup, steps, batch, prompt_len, new_tokens):
     sys.path.insert(0, os.path.join(HERE, "workloads"))
-    from gpt2_generate import generate
-    from gpt2_model import gpt2
+    from gpt2_generate import greedy
+    from gpt2_model import decode, gpt2
 
     torch.manual_seed(0)
     model = gpt2().to(device="cuda", dtype=torch.bfloat16).eval()
     prompt = torch.randint(0, model.config.vocab_size, (batch, prompt_len), device="cuda")
-    timing = time_steps(torch, lambda: generate(model, prompt, new_tokens), warmup, steps)
+    timing = time_steps(torch, lambda: decode(model, prompt, new_tokens, greedy), warmup, steps)
     result = {**timing, "batch": batch, "seq_len": prompt_len, "new_tokens": new_tokens, "steps": steps,
               **memory_peaks(torch)}
     del model, prompt

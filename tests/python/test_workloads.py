@@ -1,5 +1,6 @@
 """The trace-corpus workloads (bench/workloads) and their capture script,
-on any machine: every workload compiles, scripts/capture_corpus.sh lists
+on any machine: every workload compiles, the names bench/ imports from
+the workloads exist, scripts/capture_corpus.sh lists
 exactly the traces tests/data/traces/README.md describes, and, where torch,
 torchvision and transformers import, each workload runs its code path on
 the CPU with a tiny model (`--device cpu --tiny`); without them those runs
@@ -7,6 +8,7 @@ skip with the reason."""
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import json
 import os
@@ -39,6 +41,40 @@ def corpus():
 @pytest.mark.parametrize("script", sorted(p.name for p in WORKLOADS.glob("*.py")))
 def test_workload_compiles(script, tmp_path):
     py_compile.compile(str(WORKLOADS / script), cfile=str(tmp_path / "out.pyc"), doraise=True)
+
+
+def workload_imports():
+    """(importing file, workload module, name) for every `from M import N`
+    in bench/ and bench/workloads/ whose M is a workload module."""
+    modules = {p.stem for p in WORKLOADS.glob("*.py")}
+    found = []
+    for path in sorted((REPO / "bench").glob("*.py")) + sorted(WORKLOADS.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module in modules:
+                found.extend((path.relative_to(REPO).as_posix(), node.module, a.name) for a in node.names)
+    return found
+
+
+def top_level_names(module):
+    names = set()
+    for node in ast.parse((WORKLOADS / f"{module}.py").read_text()).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign):
+            names.update(t.id for t in node.targets if isinstance(t, ast.Name))
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+    return names
+
+
+def test_names_imported_from_workloads_exist():
+    # The benchmarks import workload functions inside functions that run
+    # only on a GPU; a renamed function would otherwise surface there first.
+    imports = workload_imports()
+    assert any(importer == "bench/python_bench.py" for importer, _, _ in imports)
+    missing = [f"{importer}: {module}.{name}" for importer, module, name in imports
+               if name not in top_level_names(module)]
+    assert missing == []
 
 
 def test_corpus_scripts_exist_and_names_are_unique():
