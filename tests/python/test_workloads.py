@@ -1,6 +1,6 @@
 """The trace-corpus workloads (bench/workloads) and their capture script,
-on any machine: every workload compiles, the names bench/ imports from
-the workloads exist, scripts/capture_corpus.sh lists
+on any machine: every workload compiles, the names other scripts import
+from the workloads exist, scripts/capture_corpus.sh lists
 exactly the traces tests/data/traces/README.md describes, and, where torch,
 torchvision and transformers import, each workload runs its code path on
 the CPU with a tiny model (`--device cpu --tiny`); without them those runs
@@ -45,10 +45,11 @@ def test_workload_compiles(script, tmp_path):
 
 def workload_imports():
     """(importing file, workload module, name) for every `from M import N`
-    in bench/ and bench/workloads/ whose M is a workload module."""
+    in the project's Python scripts whose M is a workload module."""
     modules = {p.stem for p in WORKLOADS.glob("*.py")}
+    folders = [REPO / "bench", WORKLOADS, REPO / "scripts", REPO / "tests" / "python" / "scripts"]
     found = []
-    for path in sorted((REPO / "bench").glob("*.py")) + sorted(WORKLOADS.glob("*.py")):
+    for path in [p for folder in folders for p in sorted(folder.glob("*.py"))]:
         for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
             if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module in modules:
                 found.extend((path.relative_to(REPO).as_posix(), node.module, a.name) for a in node.names)
@@ -62,6 +63,8 @@ def top_level_names(module):
             names.add(node.name)
         elif isinstance(node, ast.Assign):
             names.update(t.id for t in node.targets if isinstance(t, ast.Name))
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            names.add(node.target.id)
         elif isinstance(node, (ast.Import, ast.ImportFrom)):
             names.update((a.asname or a.name).split(".")[0] for a in node.names)
     return names
@@ -71,7 +74,8 @@ def test_names_imported_from_workloads_exist():
     # The benchmarks import workload functions inside functions that run
     # only on a GPU; a renamed function would otherwise surface there first.
     imports = workload_imports()
-    assert any(importer == "bench/python_bench.py" for importer, _, _ in imports)
+    importers = {importer for importer, _, _ in imports}
+    assert {"bench/python_bench.py", "tests/python/scripts/train.py"} <= importers
     missing = [f"{importer}: {module}.{name}" for importer, module, name in imports
                if name not in top_level_names(module)]
     assert missing == []
