@@ -318,7 +318,7 @@ constexpr key_handler k_handlers[] = {
      [](const allocator_config& c) { return render_real(c.stitch_slack); }},
     size_key("vmm_chunk_mb",
              "Size in MiB of the physical chunks expandable segments map; a multiple of the device's granularity "
-             "(2 MiB on current GPUs) (default 2).",
+             "(2 MiB on current GPUs), checked when expandable segments are on (default 2).",
              &allocator_config::vmm_chunk_bytes, "vmm_chunk_bytes", 1_MiB, "MiB"),
 };
 
