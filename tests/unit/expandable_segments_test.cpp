@@ -587,6 +587,27 @@ TEST_CASE("expandable: chunk size key", "[expandable]") {
       CHECK(contains(e.what(), "granularity (2097152 bytes)"));
     }
   }
+  SECTION("with expandable segments off it is not used, so not checked until they are turned on") {
+    allocator_config cfg;
+    cfg.expandable_segments = false;
+    cfg.vmm_chunk_bytes = 3_MiB;
+    sim_fixture f(vmm_device(), cfg);
+    void* p = f.alloc.allocate(3_MiB, f.s1);
+    CHECK(f.sim.live_ranges() == 0);
+    try {
+      f.alloc.update_config(f.alloc.config().with("expandable_segments:True"));
+      FAIL("expandable segments were turned on with a 3 MiB chunk on a device with 2 MiB granularity");
+    } catch (const config_error& e) {
+      CHECK(contains(e.what(), "vmm_chunk_mb"));
+    }
+    // The refused update changed nothing: requests still get plain segments.
+    CHECK_FALSE(f.alloc.config().expandable_segments);
+    void* q = f.alloc.allocate(3_MiB, f.s1);
+    CHECK(f.sim.live_ranges() == 0);
+    f.check_consistent();
+    f.alloc.free(p);
+    f.alloc.free(q);
+  }
 }
 
 TEST_CASE("expandable: plain segments when turned off or unsupported", "[expandable]") {
