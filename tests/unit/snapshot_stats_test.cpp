@@ -1,10 +1,12 @@
 // stats() and snapshot() of caching_allocator: torch's key names, peaks and
 // resets, and after every step of scripted sequences the stats equal an
 // independent recount from the snapshot (tests/support/recount.hpp).
+#include <algorithm>
 #include <array>
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -201,6 +203,63 @@ TEST_CASE("stats: peaks and resets", "[stats]") {
   CHECK(st.allocation[0].freed == 2);
   CHECK(st.allocation[0].allocated == 0);
   f.check_consistent();
+}
+
+TEST_CASE("stats: the all entry is the pools' sum, its peak their largest sum", "[stats]") {
+  // The allocator keeps only the pools' counts and the total's peak (Note
+  // [stat totals]); whatever the order of small and large requests, frees
+  // and resets, stats() must read as if "all" were counted on its own.
+  sim_fixture f(manual_events(1_GiB));
+  std::mt19937_64 rng(20261203);
+  std::vector<void*> live;
+  // Peaks of the totals that only allocations raise, from the readings after each step.
+  std::array<std::int64_t, 3> seen_peak{};
+  const auto total_arrays = [](const device_stats& s) {
+    return std::array<const stat_array*, 3>{&s.allocation, &s.allocated_bytes, &s.requested_bytes};
+  };
+  for (int i = 0; i < 3000; ++i) {
+    const std::uint64_t op = rng() % 10;
+    if (op < 6 || live.empty()) {
+      const std::size_t bytes = std::size_t{1} << (rng() % 24);  // 1 B .. 8 MiB: both pools
+      live.push_back(f.alloc.allocate(bytes + rng() % bytes, rng() % 2 == 0 ? f.s1 : f.s2));
+    } else if (op < 9) {
+      const std::size_t at = rng() % live.size();
+      f.alloc.free(live[at]);
+      live[at] = live.back();
+      live.pop_back();
+    } else if (rng() % 2 == 0) {
+      f.alloc.reset_peak_stats();
+      seen_peak = {};
+    } else {
+      f.alloc.reset_accumulated_stats();
+    }
+    if (op % 3 == 0) f.sim.complete_all_events();
+    const device_stats st = f.stats();
+    const stat_array_list arrays = stat_arrays(st);
+    for (int a = 0; a < 9; ++a) {
+      const stat_counter& total = (*arrays[a])[0];
+      const stat_counter& small = (*arrays[a])[1];
+      const stat_counter& large = (*arrays[a])[2];
+      INFO("step " << i << ", " << k_array_names[a]);
+      REQUIRE(total.current == small.current + large.current);
+      REQUIRE(total.allocated == small.allocated + large.allocated);
+      REQUIRE(total.freed == small.freed + large.freed);
+      REQUIRE(total.peak >= total.current);
+      REQUIRE(total.peak >= std::max(small.peak, large.peak));
+      REQUIRE(total.peak <= small.peak + large.peak);
+    }
+    const auto totals = total_arrays(st);
+    for (std::size_t a = 0; a < totals.size(); ++a) {
+      seen_peak[a] = std::max(seen_peak[a], (*totals[a])[0].current);
+      INFO("step " << i << ", array " << a);
+      REQUIRE((*totals[a])[0].peak == seen_peak[a]);
+    }
+  }
+  for (void* p : live) f.alloc.free(p);
+  f.sim.complete_all_events();
+  f.alloc.empty_cache();
+  f.check_consistent();
+  CHECK(all(f.stats().reserved_bytes) == 0);
 }
 
 TEST_CASE("stats: inactive_split counts free blocks of partly used segments", "[stats]") {
