@@ -206,9 +206,9 @@ TEST_CASE("stats: peaks and resets", "[stats]") {
 }
 
 TEST_CASE("stats: the all entry is the pools' sum, its peak their largest sum", "[stats]") {
-  // The allocator keeps only the pools' counts and the total's peak (Note
-  // [stat totals]); whatever the order of small and large requests, frees
-  // and resets, stats() must read as if "all" were counted on its own.
+  // Whatever the order of small and large requests, frees and resets, each
+  // family's "all" entry is the sum of its pool entries and its peak the
+  // largest sum since the last reset.
   sim_fixture f(manual_events(1_GiB));
   std::mt19937_64 rng(20261203);
   std::vector<void*> live;
