@@ -73,6 +73,14 @@ py::object report_dict(const std::optional<oom_report>& report) {
   out["sampled"] = r.sampled;
   out["sample_every"] = r.sample_every;
   out["holders"] = holders;
+  py::list processes;
+  for (const device_process& p : c.processes) {
+    py::dict process;
+    process["pid"] = p.pid;
+    process["used_bytes"] = p.used_bytes;
+    processes.append(process);
+  }
+  out["processes"] = processes;
   out["other_holders"] = r.other_holders;
   out["other_holders_bytes"] = r.other_holders_bytes;
   out["case"] = to_string(r.kind);

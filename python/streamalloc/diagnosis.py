@@ -445,8 +445,10 @@ def report(device=None, top: int = 10, print_report: bool = True) -> Dict[str, A
 
 def last_oom_report() -> Optional[Dict[str, Any]]:
     """The newest out-of-memory error's report as a dict (None before any):
-    the error's figures, "holders" (top tags), "case" and "suggestion",
-    and "text", the lines appended to the error message."""
+    the error's figures, "holders" (top tags), "processes" (pid and
+    used_bytes of each process on the device, as the driver lists them;
+    empty where it cannot), "case" and "suggestion", and "text", the lines
+    appended to the error message."""
     return _ext().last_oom_report()
 
 

@@ -2,6 +2,7 @@
 // allocator core running on it. Without a GPU they skip visibly; the
 // [nogpu] cases prove the failure path instead.
 #include <cuda_runtime_api.h>
+#include <unistd.h>
 
 #include <cstddef>
 #include <cstdint>
@@ -102,6 +103,26 @@ TEST_CASE("cuda backend: segments come from and go back to the device", "[gpu]")
   device_memory_info after;
   REQUIRE(backend->memory_info(&after).ok());
   CHECK(after.free_bytes >= held.free_bytes + bytes);
+}
+
+TEST_CASE("cuda backend: the device's processes, this one with what it holds", "[gpu]") {
+  STREAMALLOC_REQUIRE_GPU();
+  auto backend = backend_for(0);
+  const std::size_t bytes = 256_MiB;
+  void* ptr = nullptr;
+  REQUIRE(backend->allocate_segment(bytes, &ptr).ok());
+  std::vector<device_process> processes;
+  const status listed = backend->device_processes(&processes);
+  INFO(listed.message());
+  // NVML may be missing; anything else is a bug.
+  REQUIRE((listed.ok() || listed.code() == status_code::not_supported));
+  if (listed.ok()) {
+    const auto self = static_cast<std::uint32_t>(::getpid());
+    for (const device_process& p : processes) {
+      if (p.pid == self) CHECK(p.used_bytes >= bytes);
+    }
+  }
+  REQUIRE(backend->free_segment(ptr, bytes).ok());
 }
 
 TEST_CASE("cuda backend: runtime failures become statuses with the CUDA error", "[gpu]") {

@@ -120,6 +120,10 @@ def test_oom_message_keeps_torch_wording_and_adds_holders_and_a_suggestion(scrip
     assert report["holders"][0]["tag"] == "big_buffer"
     assert report["requested_bytes"] > 0 and report["limit_bytes"] <= 2 * (1 << 30) + MiB
     assert report["text"] in message
+    # Each process the driver lists is named as torch names it.
+    for process in report["processes"]:
+        sentence = "this process has" if process["pid"] == run["pid"] else f"Process {process['pid']} has"
+        assert sentence in message, (process, message)
     assert run["after_loss"] > 0
 
 

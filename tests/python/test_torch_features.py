@@ -151,6 +151,9 @@ def test_oom_wording_and_fraction_zero_like_torch(torch_api):
     ours, native = torch_api["streamalloc"], torch_api["native"]
     assert "Tried to allocate 800000000.00 GiB" in native["huge_oom"]
     assert "Tried to allocate 800000000.00 GiB" in ours["huge_oom"]
+    # The driver's process list (NVML), where torch can read it, so can we.
+    own_use = re.compile(r"Including non-PyTorch memory, this process has \d+\.\d\d [KMG]iB memory in use\. ")
+    assert bool(own_use.search(ours["huge_oom"])) == bool(own_use.search(native["huge_oom"])), (ours, native)
     assert ours["fraction0_raised"] and native["fraction0_raised"]
     assert ours["after_fraction_restore_ok"]
 

@@ -1,7 +1,10 @@
 // The out-of-memory message, word for word: torch's format_size at its unit
 // boundaries, torch's sentences as the caching allocator fills them in on
-// the simulated device (the segment size it tried, the "allowed" cap, the
-// private-pool clause), and streamalloc's sentence after them.
+// the simulated device (the segment size it tried, the device's processes,
+// the "allowed" cap, the private-pool clause), and streamalloc's sentence
+// after them.
+#include <unistd.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -110,6 +113,37 @@ TEST_CASE("oom message: free memory of private pools is torch's 'allocated in pr
             " streamalloc: 10.00 MiB reserved, 10.00 MiB of it unallocated; the largest free cached block is "
             "10.00 MiB.");
   f.alloc.release_pool(1);
+  f.check_consistent();
+}
+
+TEST_CASE("oom message: the device's processes, this one in torch's words", "[errors]") {
+  sim_fixture f(plain_device(64_MiB));
+  void* a = f.alloc.allocate(40_MiB, f.s1);
+  const std::string torch_start =
+      "CUDA out of memory. Tried to allocate 30.00 MiB. GPU 0 has a total capacity of 64.00 MiB of which 24.00 MiB "
+      "is free. ";
+  const std::string torch_rest = "Of the allocated memory 40.00 MiB is allocated by PyTorch, and 0 bytes";
+  // A backend that cannot list them (the sim's default, a machine without
+  // NVML): no sentence, as in torch.
+  CHECK(oom_text(f, 30_MiB).rfind(torch_start + torch_rest, 0) == 0);
+  // In the driver's order; this process by its pid, the others by theirs.
+  const auto self = static_cast<std::uint32_t>(::getpid());
+  const std::uint32_t other = self == 4242 ? 4243 : 4242;
+  f.sim.set_device_processes({{other, 1_GiB + 1_GiB / 2}, {self, 42_MiB}});
+  std::string text;
+  try {
+    f.alloc.allocate(30_MiB, f.s1);
+  } catch (const out_of_memory& e) {
+    text = e.what();
+    REQUIRE(e.context().processes.size() == 2);
+    CHECK(e.context().processes[1].pid == self);
+    CHECK(e.context().processes[1].used_bytes == 42_MiB);
+  }
+  CHECK(text.rfind(torch_start + "Process " + std::to_string(other) +
+                       " has 1.50 GiB memory in use. Including non-PyTorch memory, this process has 42.00 MiB "
+                       "memory in use. " + torch_rest,
+                   0) == 0);
+  f.alloc.free(a);
   f.check_consistent();
 }
 

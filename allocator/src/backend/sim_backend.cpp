@@ -326,6 +326,14 @@ status sim_backend::memory_info(device_memory_info* out) {
   return status::success();
 }
 
+status sim_backend::device_processes(std::vector<device_process>* out) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (out == nullptr) return invalid("device_processes: out is null");
+  if (!processes_set_) return {status_code::not_supported, "sim_backend: no processes were set"};
+  *out = processes_;
+  return status::success();
+}
+
 // --- events ---
 
 status sim_backend::create_event(event_handle* out) {
@@ -699,6 +707,12 @@ stream_handle sim_backend::last_wait_source() const {
 void sim_backend::set_capacity(std::size_t bytes) {
   std::lock_guard<std::mutex> lock(mutex_);
   config_.capacity_bytes = bytes;
+}
+
+void sim_backend::set_device_processes(std::vector<device_process> processes) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  processes_set_ = true;
+  processes_ = std::move(processes);
 }
 
 void sim_backend::touch(stream_handle stream, const void* ptr, std::size_t bytes) {

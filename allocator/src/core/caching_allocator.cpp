@@ -1480,6 +1480,7 @@ void caching_allocator::raise_oom_locked(std::size_t requested, stream_handle st
   context.device_total_bytes = device_total_bytes_;
   device_memory_info info;
   if (backend_.memory_info(&info)) context.device_free_bytes = info.free_bytes;
+  if (!backend_.device_processes(&context.processes)) context.processes.clear();
   context.allocated_bytes = static_cast<std::size_t>(at(stats_.allocated_bytes, stat_type::all).current);
   context.reserved_bytes = static_cast<std::size_t>(at(stats_.reserved_bytes, stat_type::all).current);
   context.allowed_bytes = allowed_bytes_;

@@ -10,6 +10,7 @@
 
 #include "cuda_device_guard.hpp"
 #include "cuda_status.hpp"
+#include "nvml_processes.hpp"
 #include "nvtx_ranges.hpp"
 #include "streamalloc/backend/vmm_backend.hpp"
 #include "streamalloc/util/errors.hpp"
@@ -82,6 +83,14 @@ status cuda_backend::memory_info(device_memory_info* out) {
   out->free_bytes = free_bytes;
   out->total_bytes = total_bytes;
   return status::success();
+}
+
+status cuda_backend::device_processes(std::vector<device_process>* out) {
+  if (out == nullptr) return {status_code::invalid_argument, "device_processes needs an output"};
+  char pci_bus_id[32] = {};
+  const cudaError_t error = cudaDeviceGetPCIBusId(pci_bus_id, static_cast<int>(sizeof(pci_bus_id)), device_);
+  if (error != cudaSuccess) return failure(error, device_, "cudaDeviceGetPCIBusId");
+  return nvml_device_processes(pci_bus_id, out);
 }
 
 status cuda_backend::create_event(event_handle* out) {

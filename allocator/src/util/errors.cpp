@@ -4,7 +4,10 @@
 // (STREAMALLOC_CONF, empty_cache) help against fragmentation.
 #include "streamalloc/util/errors.hpp"
 
+#include <unistd.h>
+
 #include <charconv>
+#include <cstdint>
 #include <cstdio>
 #include <string>
 
@@ -61,9 +64,10 @@ namespace {
 // word (torch 2.11, CUDACachingAllocator.cpp), numbers in torch's
 // format_size, because users and tools parse them ("Tried to allocate
 // 20.00 MiB" is the segment the request needed, as torch reports it). Where
-// torch leaves a part out, so do we: the per-process sentence needs NVML,
-// which torch also skips when it cannot read it, and "... allowed; " only
-// appears under a memory fraction below 1. streamalloc's own figures follow
+// torch leaves a part out, so do we: the per-process sentences need the
+// driver's list of processes (NVML), skipped when it cannot be read, as
+// torch skips them, and "... allowed; " only appears under a memory
+// fraction below 1. streamalloc's own figures follow
 // torch's text, after its final parenthesis.
 // torch refuses 1 EiB or more before looking at the device, in these words.
 constexpr std::size_t k_one_exabyte = std::size_t{1} << 60;
@@ -76,6 +80,11 @@ std::string oom_message(const oom_context& c) {
   std::string m = "CUDA out of memory. Tried to allocate " + format_size(tried) + ". GPU " + std::to_string(c.device) +
                   " has a total capacity of " + format_size(c.device_total_bytes) + " of which " +
                   format_size(c.device_free_bytes) + " is free. ";
+  const auto self = static_cast<std::uint32_t>(::getpid());
+  for (const device_process& p : c.processes) {
+    m += p.pid == self ? std::string("Including non-PyTorch memory, this process") : "Process " + std::to_string(p.pid);
+    m += " has " + format_size(p.used_bytes) + " memory in use. ";
+  }
   if (c.allowed_bytes < c.device_total_bytes) m += format_size(c.allowed_bytes) + " allowed; ";
   m += "Of the allocated memory " + format_size(counted_allocated) + " is allocated by PyTorch, ";
   if (c.private_pool_cached_bytes > 0) {

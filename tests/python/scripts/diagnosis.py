@@ -20,6 +20,7 @@
 
 import gc
 import math
+import os
 import re
 import sys
 import warnings
@@ -422,6 +423,7 @@ def oom():
     result["first_sentence"] = bool(FIRST_SENTENCE.search(result.get("message", "")))
     report = streamalloc.last_oom_report()
     result["report"] = report
+    result["pid"] = os.getpid()
     del hoard
     # The process goes on: a step that fits still runs.
     result["after_loss"] = step(64)

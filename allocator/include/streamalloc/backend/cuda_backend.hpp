@@ -17,6 +17,7 @@ class cuda_backend : public device_backend {
   status allocate_segment(std::size_t bytes, void** out) override;
   status free_segment(void* ptr, std::size_t bytes) override;
   status memory_info(device_memory_info* out) override;
+  status device_processes(std::vector<device_process>* out) override;  // through NVML
   status create_event(event_handle* out) override;
   status destroy_event(event_handle event) override;
   status record_event(event_handle event, stream_handle stream) override;

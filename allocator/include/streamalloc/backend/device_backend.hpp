@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "streamalloc/util/device_process.hpp"
 #include "streamalloc/util/status.hpp"
 
 namespace streamalloc {
@@ -33,6 +34,12 @@ class device_backend {
   virtual status allocate_segment(std::size_t bytes, void** out) = 0;
   virtual status free_segment(void* ptr, std::size_t bytes) = 0;
   virtual status memory_info(device_memory_info* out) = 0;
+  // Optional: the processes holding memory on the device, in the driver's
+  // order, for torch's out-of-memory message (Note [torch's OOM message]).
+  virtual status device_processes(std::vector<device_process>* out) {
+    (void)out;
+    return {status_code::not_supported, "this backend cannot list the device's processes"};
+  }
 
   // --- Events: created once and reused by the core's event pool ---
   virtual status create_event(event_handle* out) = 0;

@@ -73,6 +73,8 @@ class sim_backend final : public device_backend {
   status allocate_segment(std::size_t bytes, void** out) override;
   status free_segment(void* ptr, std::size_t bytes) override;
   status memory_info(device_memory_info* out) override;
+  // What set_device_processes gave; not_supported until it is called.
+  status device_processes(std::vector<device_process>* out) override;
   status create_event(event_handle* out) override;
   status destroy_event(event_handle event) override;
   status record_event(event_handle event, stream_handle stream) override;
@@ -136,6 +138,8 @@ class sim_backend final : public device_backend {
   stream_handle last_wait_source() const;
   // Shrinks or grows the device (models other processes taking memory).
   void set_capacity(std::size_t bytes);
+  // The processes device_processes reports from now on.
+  void set_device_processes(std::vector<device_process> processes);
   // Work queued on `stream` reads or writes [ptr, ptr+bytes) and may still be
   // running. It retires once an event recorded on `stream` after the touch
   // completes (complete_event, complete_stream, complete_all_events,
@@ -238,6 +242,8 @@ class sim_backend final : public device_backend {
   physical_handle next_chunk_ = 1;
   std::uint64_t next_record_sequence_ = 1;
   std::size_t used_bytes_ = 0;
+  bool processes_set_ = false;
+  std::vector<device_process> processes_;
   std::map<std::uintptr_t, std::size_t> segments_;  // base -> bytes
   std::unordered_map<event_handle, event_state> events_;
   std::map<stream_handle, std::vector<graph_node_handle>> capture_frontiers_;  // capturing streams

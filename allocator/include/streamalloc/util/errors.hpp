@@ -7,6 +7,9 @@
 #include <new>
 #include <stdexcept>
 #include <string>
+#include <vector>
+
+#include "streamalloc/util/device_process.hpp"
 
 namespace streamalloc {
 
@@ -25,6 +28,9 @@ struct oom_context {
   // torch's message counts as allocated.
   std::size_t private_pool_cached_bytes = 0;
   int device = 0;
+  // The processes holding memory on the device (empty: unknown), in the
+  // driver's order; the message names each and "this process".
+  std::vector<device_process> processes;
 };
 
 class out_of_memory : public std::bad_alloc {
