@@ -329,8 +329,8 @@ status sim_backend::memory_info(device_memory_info* out) {
 status sim_backend::device_processes(std::vector<device_process>* out) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (out == nullptr) return invalid("device_processes: out is null");
-  if (!processes_set_) return {status_code::not_supported, "sim_backend: no processes were set"};
-  *out = processes_;
+  if (!processes_) return {status_code::not_supported, "sim_backend: no processes were set"};
+  *out = *processes_;
   return status::success();
 }
 
@@ -711,7 +711,6 @@ void sim_backend::set_capacity(std::size_t bytes) {
 
 void sim_backend::set_device_processes(std::vector<device_process> processes) {
   std::lock_guard<std::mutex> lock(mutex_);
-  processes_set_ = true;
   processes_ = std::move(processes);
 }
 

@@ -10,6 +10,7 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <unordered_map>
 #include <vector>
@@ -242,8 +243,7 @@ class sim_backend final : public device_backend {
   physical_handle next_chunk_ = 1;
   std::uint64_t next_record_sequence_ = 1;
   std::size_t used_bytes_ = 0;
-  bool processes_set_ = false;
-  std::vector<device_process> processes_;
+  std::optional<std::vector<device_process>> processes_;  // none until set_device_processes
   std::map<std::uintptr_t, std::size_t> segments_;  // base -> bytes
   std::unordered_map<event_handle, event_state> events_;
   std::map<stream_handle, std::vector<graph_node_handle>> capture_frontiers_;  // capturing streams
