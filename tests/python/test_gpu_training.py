@@ -1,8 +1,10 @@
 """Training under streamalloc, with expandable segments (its default) and
 with plain segments, gives exactly the losses torch's native allocator
 gives: a GPT-2-sized transformer (bf16 autocast, AdamW, variable sequence
-length) and a ResNet-50, same seeds, deterministic kernels, each run in its
-own process (scripts/train.py)."""
+length) and a ResNet-50 (scripts/train.py), and a smaller transformer
+sharded with FSDP2 over NCCL in one process, whose gathers and reductions
+run on streams of their own (scripts/fsdp2_train.py); same seeds,
+deterministic kernels, each run in its own process."""
 
 import math
 
@@ -63,3 +65,41 @@ def test_streamalloc_peak_reserved_covers_peak_allocated(runs):
             run = runs[mode].get(model)
             if run is not None:
                 assert run["peak_reserved"] >= run["peak_allocated"] > 0
+
+
+# ---------------------------------------------------------------------------
+# FSDP2 (fully_shard) over NCCL, world size 1
+
+FSDP2_MODES = {
+    "native": ("native",),
+    "streamalloc": ("streamalloc",),
+    "streamalloc_plain": ("streamalloc_plain",),
+    # The process group registers the allocator's segments with NCCL: those
+    # of snapshot() when its communicator starts, then those its trace
+    # events announce (attachAllocatorTraceTracker).
+    "streamalloc_register_hook": ("streamalloc", "--register-hook"),
+}
+
+
+@pytest.fixture(scope="module")
+def fsdp2_runs(scripts):
+    return {name: scripts.run_ok("fsdp2_train.py", *argv, timeout=600) for name, argv in FSDP2_MODES.items()}
+
+
+def test_fsdp2_runs_used_the_allocator_they_asked_for(fsdp2_runs):
+    assert fsdp2_runs["native"]["allocator"] == "native"
+    for name in FSDP2_MODES:
+        if name != "native":
+            assert fsdp2_runs[name]["allocator"] == "streamalloc", name
+    assert fsdp2_runs["streamalloc_register_hook"]["register_hook"]
+
+
+def test_fsdp2_losses_and_weights_equal_native(fsdp2_runs):
+    native = fsdp2_runs["native"]
+    assert len(set(native["lengths"])) > 1, "the sequence length must vary between steps"
+    assert all(math.isfinite(loss) for loss in native["losses"])
+    for name, run in fsdp2_runs.items():
+        assert run["lengths"] == native["lengths"], name
+        assert run["losses"] == native["losses"], name
+        assert run["weights_sha256"] == native["weights_sha256"], name
+        assert run["peak_reserved"] >= run["peak_allocated"] > 0, name
