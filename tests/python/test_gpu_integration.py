@@ -147,7 +147,7 @@ def test_empty_cache_returns_memory_to_the_device(limits):
 
 @pytest.fixture(scope="module")
 def kernels(scripts):
-    return scripts.run_ok("kernels.py")
+    return scripts.run_ok("allocator_kernels.py")
 
 
 def test_cudnn_benchmark_convolutions_are_correct(kernels):

@@ -3,8 +3,11 @@ with plain segments, gives exactly the losses torch's native allocator
 gives: a GPT-2-sized transformer (bf16 autocast, AdamW, variable sequence
 length) and a ResNet-50 (scripts/train.py), and a smaller transformer
 sharded with FSDP2 over NCCL in one process, whose gathers and reductions
-run on streams of their own (scripts/fsdp2_train.py); same seeds,
-deterministic kernels, each run in its own process."""
+run on streams of their own (scripts/fsdp2_train.py); and HuggingFace's
+`Trainer` on a small Llama, whose greedy `generate()` with a static cache
+gives the same tokens eager and compiled in "reduce-overhead" mode
+(scripts/hf_programs.py); same seeds, deterministic kernels, each run in
+its own process."""
 
 import math
 
@@ -103,3 +106,31 @@ def test_fsdp2_losses_and_weights_equal_native(fsdp2_runs):
         assert run["losses"] == native["losses"], name
         assert run["weights_sha256"] == native["weights_sha256"], name
         assert run["peak_reserved"] >= run["peak_allocated"] > 0, name
+
+
+# ---------------------------------------------------------------------------
+# HuggingFace Trainer and compiled static-cache generation
+
+
+@pytest.fixture(scope="module")
+def hf_runs(scripts):
+    runs = {mode: scripts.run_ok("hf_programs.py", mode, timeout=600) for mode in ("native", "streamalloc")}
+    if runs["native"]["transformers"] is None:
+        pytest.skip(runs["native"]["reason"])
+    return runs
+
+
+def test_hf_trainer_losses_equal_native(hf_runs):
+    native, ours = hf_runs["native"], hf_runs["streamalloc"]
+    assert native["allocator"] == "native" and ours["allocator"] == "streamalloc"
+    assert len(native["losses"]) == 8 and all(math.isfinite(loss) for loss in native["losses"])
+    assert ours["losses"] == native["losses"]
+    assert ours["train"]["peak_reserved"] >= ours["train"]["peak_allocated"] > 0
+
+
+def test_hf_compiled_static_cache_generation_equals_eager_and_native(hf_runs):
+    native, ours = hf_runs["native"], hf_runs["streamalloc"]
+    assert ours["eager_tokens"] == native["eager_tokens"]
+    assert len(ours["compiled_tokens"]) == 3
+    for tokens in ours["compiled_tokens"]:
+        assert tokens == ours["eager_tokens"]
