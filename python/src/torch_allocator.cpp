@@ -5,6 +5,7 @@
 
 #include <c10/core/Allocator.h>
 #include <c10/core/Device.h>
+#include <c10/core/impl/GPUTrace.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -104,6 +105,22 @@ void report_to_profiler(caching_allocator& allocator, void* ptr, std::int64_t de
   c10::reportMemoryUsageToProfiler(ptr, delta, static_cast<std::size_t>(stats.allocated_bytes[0].current),
                                    static_cast<std::size_t>(stats.reserved_bytes[0].current),
                                    c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(allocator.device())));
+}
+
+// torch's GPU trace (the CUDA Stream Sanitizer, torch.cuda._gpu_trace's
+// callbacks) hears of every allocation and free, as from torch's own
+// allocator: the sanitizer forgets a freed tensor's accesses on the free, so
+// a block reused by another tensor is not taken for the old one.
+void trace_allocation(void* ptr) {
+  if (const c10::impl::PyInterpreter* interp = c10::impl::GPUTrace::get_trace(); C10_UNLIKELY(interp != nullptr)) {
+    (*interp)->trace_gpu_memory_allocation(c10::kCUDA, reinterpret_cast<std::uintptr_t>(ptr));
+  }
+}
+
+void trace_free(void* ptr) {
+  if (const c10::impl::PyInterpreter* interp = c10::impl::GPUTrace::get_trace(); C10_UNLIKELY(interp != nullptr)) {
+    (*interp)->trace_gpu_memory_deallocation(c10::kCUDA, reinterpret_cast<std::uintptr_t>(ptr));
+  }
 }
 
 // --- streamalloc's statistics and segments in torch's types ---
@@ -341,8 +358,11 @@ void* torch_allocator::allocate_on(c10::DeviceIndex device, std::size_t bytes, c
     caching_allocator& allocator = allocator_of(device);
     void* ptr = allocator.allocate(bytes, to_handle(stream));
     if (tagging_on()) record_allocation(allocator, device, ptr, bytes);
-    if (ptr != nullptr && c10::memoryProfilingEnabled()) {
-      report_to_profiler(allocator, ptr, static_cast<std::int64_t>(allocator.allocation_size(ptr)));
+    if (ptr != nullptr) {
+      if (c10::memoryProfilingEnabled()) {
+        report_to_profiler(allocator, ptr, static_cast<std::int64_t>(allocator.allocation_size(ptr)));
+      }
+      trace_allocation(ptr);
     }
     return ptr;
   } catch (const out_of_memory& e) {
@@ -362,6 +382,7 @@ void torch_allocator::free_with_context(caching_allocator& allocator, void* ptr)
   // Before the free: afterwards another thread may be handed the address
   // and record it (Note [allocation tags]).
   if (tagging_on()) forget_allocation(ptr);
+  trace_free(ptr);
   if (!c10::memoryProfilingEnabled()) {
     allocator.free(ptr);
     return;
@@ -382,8 +403,11 @@ void* torch_allocator::allocate_uncached(c10::DeviceIndex device, std::size_t by
                      " with the caching allocator disabled (torch.cuda.caching_allocator_enable(False)).");
   }
   C10_CUDA_CHECK(error);
-  std::lock_guard<std::mutex> lock(uncached_mutex_);
-  uncached_.emplace(ptr, device);
+  {
+    std::lock_guard<std::mutex> lock(uncached_mutex_);
+    uncached_.emplace(ptr, device);
+  }
+  trace_allocation(ptr);
   return ptr;
 }
 
@@ -396,6 +420,7 @@ bool torch_allocator::free_uncached(void* ptr) {
     device = it->second;
     uncached_.erase(it);
   }
+  trace_free(ptr);
   c10::cuda::CUDAGuard guard(device);
   C10_CUDA_CHECK_WARN(cudaFree(ptr));
   return true;

@@ -3,8 +3,9 @@ torch's native allocator and once under streamalloc in fresh processes
 (scripts/), with streamalloc's results held to native's: torch.compile
 "reduce-overhead" (CUDA graph trees), torch.cuda.MemPool, memory history
 and memory_viz, the torch.accelerator API, run-time allocator settings,
-torch's out-of-memory wording, memory fraction 0, raw allocations and CUDA
-IPC between processes."""
+torch's out-of-memory wording, memory fraction 0, raw allocations, CUDA
+IPC between processes, and torch's GPU trace with the CUDA Stream
+Sanitizer."""
 
 import os
 import re
@@ -179,3 +180,23 @@ def test_cuda_ipc_round_trip(scripts, parent, child):
     assert result["child_read_ok"], result
     assert result["parent_sees_writes"], result
     assert result["child_exit"] == 0
+
+
+@pytest.fixture(scope="module")
+def stream_sanitizer(scripts):
+    return {mode: scripts.run_ok("stream_sanitizer.py", mode) for mode in ("native", "streamalloc")}
+
+
+def test_gpu_trace_hears_every_allocation_and_free_like_native(stream_sanitizer):
+    ours, native = stream_sanitizer["streamalloc"], stream_sanitizer["native"]
+    assert all(ours["allocations_heard"]) and all(ours["frees_heard"]), ours
+    assert (ours["allocation_count"], ours["free_count"]) == (native["allocation_count"], native["free_count"])
+
+
+def test_stream_sanitizer_passes_reuse_after_record_stream_and_reports_a_race(stream_sanitizer):
+    for mode, result in stream_sanitizer.items():
+        # The block came back to the default stream, so the check below ran
+        # on a reused block, which the sanitizer must not take for the old tensor.
+        assert result["reused"], mode
+        assert result["reuse_reported"] is None, (mode, result["reuse_reported"])
+        assert result["race_reported"], mode
