@@ -23,9 +23,13 @@ prints markdown tables (medians, [p10, p90]) and writes JSON. --cpu pins
 every worker to one CPU, so that processes differ less in speed.
 
 `torch.empty(0)` calls the allocator but asks it for no memory: its time
-is torch's per-tensor work and the allocator's entry. A size's time less
-it, taken within each process, is what finding and returning the memory
-costs, which differences between processes do not move.
+is torch's per-tensor work and the allocator's entry. Each repetition
+times every size in turn, so a size's time less the 0 B time of the same
+repetition is what finding and returning the memory costs, which the
+host's speed, drifting during a process and differing between processes,
+does not move. A CPU `torch.empty(0)` timed in the same repetitions runs
+the same code under every mode: it shows how fast each mode's processes
+ran.
 
 A training step (or generation request) is timed two ways: each step
 between two synchronizations (the host's launch time counts whenever it
@@ -50,6 +54,9 @@ MODES = ["native", "expandable", "cuda_async", "streamalloc"]
 # baseline of the allocator's share (module docstring).
 EMPTY_SIZES = [("0 B", 0), ("256 B", 64), ("64 KiB", 16 << 10), ("4 MiB", 1 << 20), ("64 MiB", 16 << 20)]
 BASELINE = "0 B"
+# torch.empty(0) on the CPU: the same code under every mode, so a mode whose
+# processes are slower here too ran on a slower host, not a slower allocator.
+CONTROL = "CPU control"
 
 
 def summarize(values):
@@ -94,20 +101,38 @@ def reset_memory(torch):
 
 
 def bench_empty_del(torch, reps, warmup, iterations):
-    results = {}
-    for label, numel in EMPTY_SIZES:
-        per_pair = []
-        for rep in range(warmup + reps):
-            start = time.perf_counter_ns()
-            for _ in range(iterations):
-                x = torch.empty(numel, device="cuda")
-                del x
-            elapsed = time.perf_counter_ns() - start
+    """Each repetition times every size in turn, then the CPU control, so
+    that a size and the 0 B baseline of one repetition ran moments apart:
+    their difference is the allocator's share even while the host's speed
+    drifts during the process."""
+    samples = {label: [] for label, _ in EMPTY_SIZES}
+    control = []
+
+    def burst(device, numel):
+        start = time.perf_counter_ns()
+        for _ in range(iterations):
+            x = torch.empty(numel, device=device)
+            del x
+        return (time.perf_counter_ns() - start) / iterations
+
+    for rep in range(warmup + reps):
+        times = {}
+        for label, numel in EMPTY_SIZES:
+            times[label] = burst("cuda", numel)
             torch.cuda.synchronize()
-            if rep >= warmup:
-                per_pair.append(elapsed / iterations)
-        results[label] = {"ns_per_pair": summarize(per_pair), "samples": per_pair, "iterations": iterations, "reps": reps}
+        control_ns = burst("cpu", 0)
+        if rep >= warmup:
+            for label, ns in times.items():
+                samples[label].append(ns)
+            control.append(control_ns)
+    results = {}
+    for label, _ in EMPTY_SIZES:
+        results[label] = {"ns_per_pair": summarize(samples[label]), "samples": samples[label],
+                          "iterations": iterations, "reps": reps}
+        if label != BASELINE:
+            results[label]["share_samples"] = [a - b for a, b in zip(samples[label], samples[BASELINE])]
         log(f"empty+del {label}: median {results[label]['ns_per_pair']['median']:.0f} ns")
+    results[CONTROL] = {"ns_per_pair": summarize(control), "samples": control, "iterations": iterations, "reps": reps}
     return results
 
 
@@ -274,10 +299,16 @@ def merge_rounds(mode, rounds):
             merged["empty_del"][label] = {**rounds[0]["empty_del"][label], "ns_per_pair": summarize(samples),
                                           "samples": samples}
             if label != BASELINE:
-                # Per round, so that each difference is taken within one process.
-                shares = [r["empty_del"][label]["ns_per_pair"]["median"] - r["empty_del"][BASELINE]["ns_per_pair"]["median"]
-                          for r in rounds]
+                # Per round, from differences taken within each repetition.
+                shares = [summarize(r["empty_del"][label]["share_samples"])["median"] for r in rounds]
                 merged["empty_del"][label]["allocator_share_ns_per_round"] = shares
+        control = [x for r in rounds for x in r["empty_del"][CONTROL]["samples"]]
+        merged["empty_del"][CONTROL] = {"ns_per_pair": summarize(control), "samples": control}
+        for label, _ in EMPTY_SIZES:
+            # Per round, from each repetition's size time over its control time.
+            merged["empty_del"][label]["over_control_per_round"] = [
+                summarize([a / b for a, b in zip(r["empty_del"][label]["samples"], r["empty_del"][CONTROL]["samples"])])["median"]
+                for r in rounds]
     for key, _ in WORKLOADS:
         if key not in rounds[0]:
             continue
@@ -321,7 +352,7 @@ def print_empty_del(ok, modes, compare, header):
     print("### torch.empty(n, device=\"cuda\") + del, median time per pair [p10, p90]")
     print()
     print(header("size", "streamalloc speed-up vs native"))
-    for label, _ in EMPTY_SIZES:
+    for label in [label for label, _ in EMPTY_SIZES] + [CONTROL]:
         cells = [fmt_ns(ok[m]["empty_del"][label]["ns_per_pair"]) if m in ok else "failed" for m in modes]
         row = f"| {label} | " + " | ".join(cells) + " |"
         if compare:
@@ -330,7 +361,23 @@ def print_empty_del(ok, modes, compare, header):
             row += f" {native / ours:.2f}x |"
         print(row)
     print()
-    print(f"### The allocator's share: a size's median less the {BASELINE} median of the same process, "
+    print(f"{CONTROL}: torch.empty(0) on the CPU, timed in the same repetitions; it runs the same code "
+          "under every mode, so its row shows how fast each mode's processes ran.")
+    print()
+    print(f"### A size's time per pair over the {CONTROL}'s in the same repetition, median per process, "
+          "median over rounds [min, max]")
+    print()
+    print(header("size", "streamalloc speed-up vs native"))
+    for label, _ in EMPTY_SIZES:
+        ratios = {m: summarize(ok[m]["empty_del"][label]["over_control_per_round"]) for m in ok}
+        cells = [f"{ratios[m]['median']:.2f} [{ratios[m]['min']:.2f}, {ratios[m]['max']:.2f}]" if m in ok else "failed"
+                 for m in modes]
+        row = f"| {label} | " + " | ".join(cells) + " |"
+        if compare:
+            row += f" {ratios['native']['median'] / ratios['streamalloc']['median']:.2f}x |"
+        print(row)
+    print()
+    print(f"### The allocator's share: a size less the {BASELINE} of the same repetition, median per process, "
           "median over rounds [min, max]")
     print()
     print(header("size", "streamalloc less native"))

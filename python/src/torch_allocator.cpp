@@ -450,6 +450,8 @@ void torch_allocator::raise_out_of_memory(const out_of_memory& error) {
 c10::DataPtr torch_allocator::allocate(std::size_t bytes) {
   c10::DeviceIndex device = -1;
   C10_CUDA_CHECK(c10::cuda::GetDevice(&device));
+  // No memory to find: torch's own allocator skips the stream lookup too.
+  if (bytes == 0) return tagged_data_ptr(nullptr, device);
   if (!caching_enabled_.load(std::memory_order_relaxed)) {
     void* ptr = allocate_uncached(device, bytes);
     return {ptr, ptr, &delete_uncached, c10::Device(c10::DeviceType::CUDA, device)};

@@ -67,6 +67,14 @@ def test_raw_pointer_interface(introspection):
     assert raw["after"] == raw["before"]
 
 
+def test_empty_tensors_take_no_memory(introspection):
+    empty = introspection["empty_tensors"]
+    assert empty["data_ptrs"] == [0, 0, 0]
+    assert empty["shapes"] == [[0], [0, 5], [0]]
+    assert set(empty["devices"]) == {"cuda:0"}
+    assert empty["new_allocations"] == 0
+
+
 def test_snapshot_matches_the_statistics(introspection):
     snapshot = introspection["snapshot"]
     stats = introspection["with_tensors"]["torch"]

@@ -28,33 +28,41 @@ def python_bench():
         sys.path.remove(str(SCRIPT.parent))
 
 
-def empty_del_round(bench, base_ns, extra_ns):
-    """One worker's empty_del result: every sample of a size is base_ns plus
-    that size's extra_ns (0 for the 0 B row)."""
+def empty_del_round(bench, base_ns, extra_ns, drift_ns=(0, 0, 0)):
+    """One worker's empty_del result over three repetitions: a size's sample
+    in repetition i is base_ns + drift_ns[i] plus that size's extra_ns (0 for
+    the 0 B row); the CPU control is base_ns + drift_ns[i]."""
     result = {}
     for label, _ in bench.EMPTY_SIZES:
-        samples = [base_ns + extra_ns.get(label, 0)] * 3
+        samples = [base_ns + drift + extra_ns.get(label, 0) for drift in drift_ns]
         result[label] = {"ns_per_pair": bench.summarize(samples), "samples": samples, "iterations": 10, "reps": 3}
+        if label != bench.BASELINE:
+            result[label]["share_samples"] = [extra_ns.get(label, 0)] * len(drift_ns)
+    control = [base_ns + drift for drift in drift_ns]
+    result[bench.CONTROL] = {"ns_per_pair": bench.summarize(control), "samples": control, "iterations": 10, "reps": 3}
     return result
 
 
-def worker_result(bench, mode, base_ns, extra_ns):
+def worker_result(bench, mode, base_ns, extra_ns, drift_ns=(0, 0, 0)):
     return {"mode": mode, "torch": "t", "device": "d", "cpu": 3, "wall_s": 1.0,
-            "empty_del": empty_del_round(bench, base_ns, extra_ns)}
+            "empty_del": empty_del_round(bench, base_ns, extra_ns, drift_ns)}
 
 
 def test_the_allocator_share_is_taken_within_each_process(python_bench):
-    # Two processes of one mode whose Python speed differs by 1000 ns: the
-    # pooled medians move with it, the per-process shares do not.
+    # Two processes of one mode whose Python speed differs by 1000 ns, the
+    # second drifting during its repetitions: the pooled medians move with
+    # both, the shares (taken within each repetition) with neither.
     extra = {"256 B": 50, "64 KiB": 60, "4 MiB": 70, "64 MiB": 80}
-    rounds = [worker_result(python_bench, "native", 2000, extra), worker_result(python_bench, "native", 3000, extra)]
+    rounds = [worker_result(python_bench, "native", 2000, extra),
+              worker_result(python_bench, "native", 3000, extra, drift_ns=(0, 0, 900))]
     merged = python_bench.merge_rounds("native", rounds)
     assert merged["rounds"] == 2
     for label, share in extra.items():
         assert merged["empty_del"][label]["allocator_share_ns_per_round"] == [share, share]
     assert "allocator_share_ns_per_round" not in merged["empty_del"][python_bench.BASELINE]
     assert merged["empty_del"]["256 B"]["ns_per_pair"]["min"] == 2050
-    assert merged["empty_del"]["256 B"]["ns_per_pair"]["max"] == 3050
+    assert merged["empty_del"]["256 B"]["ns_per_pair"]["max"] == 3950
+    assert merged["empty_del"][python_bench.CONTROL]["ns_per_pair"]["max"] == 3900
 
 
 def test_tables_cover_only_the_parts_that_ran(python_bench, capsys):
@@ -65,6 +73,9 @@ def test_tables_cover_only_the_parts_that_ran(python_bench, capsys):
     assert "every process on CPU 3" in out
     assert "| 4 MiB | 100 ns [100, 100] | 40 ns [40, 40] | -60 ns |" in out
     assert "| 0 B | 2.00 us [2.00, 2.00] | 2.60 us [2.60, 2.60] | 0.77x |" in out
+    assert "| CPU control | 2.00 us [2.00, 2.00] | 2.60 us [2.60, 2.60] | 0.77x |" in out
+    # Over the control, the slower process's 4 MiB is the faster one.
+    assert "| 4 MiB | 1.05 [1.05, 1.05] | 1.02 [1.02, 1.02] | 1.03x |" in out
     assert "training step" not in out and "Peak memory" not in out
 
 
@@ -72,3 +83,38 @@ def test_unknown_parts_are_refused():
     run = subprocess.run([sys.executable, str(SCRIPT), "--parts", "empty_del,warp_drive"], capture_output=True, text=True)
     assert run.returncode == 2
     assert "unknown part(s) warp_drive" in run.stderr
+
+
+class _DriftingTorch:
+    """A stand-in for torch whose empty() advances a fake clock: each call
+    costs a base time plus its size's extra, and the host turns 1000 ns
+    slower per call halfway through the run."""
+
+    def __init__(self, extra_by_numel, slow_after_calls):
+        self.clock_ns = 0
+        self.calls = 0
+        self.extra_by_numel = extra_by_numel
+        self.slow_after_calls = slow_after_calls
+        self.cuda = self
+
+    def empty(self, numel, device):
+        self.calls += 1
+        slow = 1000 if self.calls > self.slow_after_calls else 0
+        self.clock_ns += 2000 + slow + (self.extra_by_numel[numel] if device == "cuda" else 0)
+        return object()
+
+    def synchronize(self):
+        pass
+
+
+def test_the_share_holds_while_the_host_slows_down_mid_process(python_bench, monkeypatch):
+    extra = {numel: 10 * i for i, (_, numel) in enumerate(python_bench.EMPTY_SIZES)}
+    reps, warmup, iterations = 9, 1, 10
+    calls = (reps + warmup) * (len(python_bench.EMPTY_SIZES) + 1) * iterations
+    torch = _DriftingTorch(extra, slow_after_calls=calls // 2)
+    monkeypatch.setattr(python_bench.time, "perf_counter_ns", lambda: torch.clock_ns)
+    result = python_bench.bench_empty_del(torch, reps, warmup, iterations)
+    for label, numel in python_bench.EMPTY_SIZES[1:]:
+        assert python_bench.summarize(result[label]["share_samples"])["median"] == extra[numel]
+    assert result[python_bench.CONTROL]["ns_per_pair"]["min"] == 2000
+    assert result[python_bench.CONTROL]["ns_per_pair"]["max"] == 3000

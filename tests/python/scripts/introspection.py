@@ -82,6 +82,22 @@ during = torch.cuda.memory_allocated()
 torch.cuda.caching_allocator_delete(pointer)
 result["raw"] = {"before": before, "during": during, "after": torch.cuda.memory_allocated()}
 
+# Empty tensors ask for no memory: a null pointer, no block, and a
+# record_stream and a free that change nothing.
+allocations = torch.cuda.memory_stats()["allocation.all.allocated"]
+empties = [torch.empty(0, device="cuda"), torch.empty((0, 5), device="cuda"), torch.zeros(0, device="cuda")]
+side = torch.cuda.Stream()
+for t in empties:
+    t.record_stream(side)
+result["empty_tensors"] = {
+    "data_ptrs": [t.data_ptr() for t in empties],
+    "shapes": [list(t.shape) for t in empties],
+    "devices": [str(t.device) for t in empties],
+}
+del empties, t
+torch.cuda.synchronize()
+result["empty_tensors"]["new_allocations"] = torch.cuda.memory_stats()["allocation.all.allocated"] - allocations
+
 result["summary"] = {"torch": torch.cuda.memory_summary(), "streamalloc": streamalloc.memory_summary()}
 result["after_free_stats"] = compare_stats()
 emit(result)
