@@ -368,28 +368,28 @@ def print_empty_del(ok, modes, compare, header):
           "median over rounds [min, max]")
     print()
     print(header("size", "streamalloc speed-up vs native"))
-    for label, _ in EMPTY_SIZES:
-        ratios = {m: summarize(ok[m]["empty_del"][label]["over_control_per_round"]) for m in ok}
-        cells = [f"{ratios[m]['median']:.2f} [{ratios[m]['min']:.2f}, {ratios[m]['max']:.2f}]" if m in ok else "failed"
-                 for m in modes]
-        row = f"| {label} | " + " | ".join(cells) + " |"
-        if compare:
-            row += f" {ratios['native']['median'] / ratios['streamalloc']['median']:.2f}x |"
-        print(row)
+    print_per_round_rows(ok, modes, compare, [label for label, _ in EMPTY_SIZES], "over_control_per_round",
+                         lambda v: f"{v:.2f}", lambda native, ours: f"{native / ours:.2f}x")
     print()
     print(f"### The allocator's share: a size less the {BASELINE} of the same repetition, median per process, "
           "median over rounds [min, max]")
     print()
     print(header("size", "streamalloc less native"))
-    for label, _ in EMPTY_SIZES:
-        if label == BASELINE:
-            continue
-        shares = {m: summarize(ok[m]["empty_del"][label]["allocator_share_ns_per_round"]) for m in ok}
-        cells = [f"{shares[m]['median']:.0f} ns [{shares[m]['min']:.0f}, {shares[m]['max']:.0f}]" if m in ok else "failed"
-                 for m in modes]
+    print_per_round_rows(ok, modes, compare, [label for label, _ in EMPTY_SIZES if label != BASELINE],
+                         "allocator_share_ns_per_round", lambda v: f"{v:.0f}", lambda native, ours: f"{ours - native:+.0f} ns",
+                         unit=" ns")
+
+
+def print_per_round_rows(ok, modes, compare, labels, key, fmt, versus, unit=""):
+    """One row per size of a per-round figure: median [min, max] over rounds
+    for each mode, and streamalloc against native."""
+    for label in labels:
+        figures = {m: summarize(ok[m]["empty_del"][label][key]) for m in ok}
+        cells = [f"{fmt(figures[m]['median'])}{unit} [{fmt(figures[m]['min'])}, {fmt(figures[m]['max'])}]"
+                 if m in ok else "failed" for m in modes]
         row = f"| {label} | " + " | ".join(cells) + " |"
         if compare:
-            row += f" {shares['streamalloc']['median'] - shares['native']['median']:+.0f} ns |"
+            row += f" {versus(figures['native']['median'], figures['streamalloc']['median'])} |"
         print(row)
 
 

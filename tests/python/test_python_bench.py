@@ -1,7 +1,8 @@
-"""bench/python_bench.py's driver side, on any machine: how it pools rounds,
-takes the allocator's share of torch.empty+del within each process, prints
-only the parts it ran, and rejects unknown parts. The workers themselves
-need a GPU and run in scripts/gpu-bench.sh."""
+"""bench/python_bench.py on any machine: how it pools rounds, takes the
+allocator's share of torch.empty+del within each repetition (a worker's
+timing loop on a stand-in torch whose host slows down mid-run), sets sizes
+against the CPU control, prints only the parts it ran, and rejects unknown
+parts. The workers themselves need a GPU and run in scripts/gpu-bench.sh."""
 
 from __future__ import annotations
 
