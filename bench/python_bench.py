@@ -129,8 +129,6 @@ def bench_empty_del(torch, reps, warmup, iterations):
     for label, _ in EMPTY_SIZES:
         results[label] = {"ns_per_pair": summarize(samples[label]), "samples": samples[label],
                           "iterations": iterations, "reps": reps}
-        if label != BASELINE:
-            results[label]["share_samples"] = [a - b for a, b in zip(samples[label], samples[BASELINE])]
         log(f"empty+del {label}: median {results[label]['ns_per_pair']['median']:.0f} ns")
     results[CONTROL] = {"ns_per_pair": summarize(control), "samples": control, "iterations": iterations, "reps": reps}
     return results
@@ -281,6 +279,13 @@ def run_workers(args, passthrough):
     return {mode: merge_rounds(mode, results) for mode, results in rounds.items()}
 
 
+def per_round_medians(rounds, label, other, combine):
+    """Per round, the median over its repetitions of combine(`label`'s
+    sample, `other`'s sample of the same repetition)."""
+    return [summarize([combine(a, b) for a, b in zip(r["empty_del"][label]["samples"], r["empty_del"][other]["samples"])])
+            ["median"] for r in rounds]
+
+
 def merge_rounds(mode, rounds):
     """One result per mode: samples pooled over the rounds and summarized
     again, back-to-back step times and slow-path counters per round, memory
@@ -294,21 +299,16 @@ def merge_rounds(mode, rounds):
     merged["wall_s"] = round(sum(r["wall_s"] for r in rounds), 1)
     if "empty_del" in rounds[0]:
         merged["empty_del"] = {}
-        for label, _ in EMPTY_SIZES:
+        for label in [label for label, _ in EMPTY_SIZES] + [CONTROL]:
             samples = [x for r in rounds for x in r["empty_del"][label]["samples"]]
             merged["empty_del"][label] = {**rounds[0]["empty_del"][label], "ns_per_pair": summarize(samples),
                                           "samples": samples}
-            if label != BASELINE:
-                # Per round, from differences taken within each repetition.
-                shares = [summarize(r["empty_del"][label]["share_samples"])["median"] for r in rounds]
-                merged["empty_del"][label]["allocator_share_ns_per_round"] = shares
-        control = [x for r in rounds for x in r["empty_del"][CONTROL]["samples"]]
-        merged["empty_del"][CONTROL] = {"ns_per_pair": summarize(control), "samples": control}
         for label, _ in EMPTY_SIZES:
-            # Per round, from each repetition's size time over its control time.
-            merged["empty_del"][label]["over_control_per_round"] = [
-                summarize([a / b for a, b in zip(r["empty_del"][label]["samples"], r["empty_del"][CONTROL]["samples"])])["median"]
-                for r in rounds]
+            if label != BASELINE:
+                merged["empty_del"][label]["allocator_share_ns_per_round"] = per_round_medians(
+                    rounds, label, BASELINE, lambda size, base: size - base)
+            merged["empty_del"][label]["over_control_per_round"] = per_round_medians(
+                rounds, label, CONTROL, lambda size, control: size / control)
     for key, _ in WORKLOADS:
         if key not in rounds[0]:
             continue

@@ -37,8 +37,6 @@ def empty_del_round(bench, base_ns, extra_ns, drift_ns=(0, 0, 0)):
     for label, _ in bench.EMPTY_SIZES:
         samples = [base_ns + drift + extra_ns.get(label, 0) for drift in drift_ns]
         result[label] = {"ns_per_pair": bench.summarize(samples), "samples": samples, "iterations": 10, "reps": 3}
-        if label != bench.BASELINE:
-            result[label]["share_samples"] = [extra_ns.get(label, 0)] * len(drift_ns)
     control = [base_ns + drift for drift in drift_ns]
     result[bench.CONTROL] = {"ns_per_pair": bench.summarize(control), "samples": control, "iterations": 10, "reps": 3}
     return result
@@ -115,7 +113,8 @@ def test_the_share_holds_while_the_host_slows_down_mid_process(python_bench, mon
     torch = _DriftingTorch(extra, slow_after_calls=calls // 2)
     monkeypatch.setattr(python_bench.time, "perf_counter_ns", lambda: torch.clock_ns)
     result = python_bench.bench_empty_del(torch, reps, warmup, iterations)
+    merged = python_bench.merge_rounds("native", [{"wall_s": 1.0, "empty_del": result}])
     for label, numel in python_bench.EMPTY_SIZES[1:]:
-        assert python_bench.summarize(result[label]["share_samples"])["median"] == extra[numel]
+        assert merged["empty_del"][label]["allocator_share_ns_per_round"] == [extra[numel]]
     assert result[python_bench.CONTROL]["ns_per_pair"]["min"] == 2000
     assert result[python_bench.CONTROL]["ns_per_pair"]["max"] == 3000
