@@ -13,9 +13,11 @@
 #include <map>
 #include <mutex>
 #include <sstream>
+#include <string_view>
 #include <vector>
 
 #include "streamalloc/backend/vmm_backend.hpp"
+#include "streamalloc/util/shared_chunks.hpp"
 
 namespace streamalloc {
 namespace {
@@ -25,14 +27,6 @@ namespace {
 constexpr char k_handle_version = 2;
 constexpr char k_plain_segment = 'c';
 constexpr char k_expandable_segment = 'e';
-
-// The header of an expandable-segment handle, followed by one int file
-// descriptor (in the sender) per chunk.
-struct expandable_header {
-  pid_t pid;
-  std::size_t chunk_bytes;
-  std::size_t chunk_count;
-};
 
 std::mutex& open_handles_mutex() {
   static auto* const mutex = new std::mutex;
@@ -58,16 +52,11 @@ std::shared_ptr<void> open_plain(const char* bytes, c10::DeviceIndex device) {
   });
 }
 
-std::shared_ptr<void> open_expandable(std::istream& in, c10::DeviceIndex device) {
-  expandable_header header{};
-  in.read(reinterpret_cast<char*>(&header), sizeof header);
-  TORCH_CHECK(in && header.chunk_count > 0 && header.chunk_bytes > 0,
-              "streamalloc: malformed CUDA IPC handle of an expandable segment");
-  std::vector<int> fds(header.chunk_count);
-  in.read(reinterpret_cast<char*>(fds.data()), static_cast<std::streamsize>(fds.size() * sizeof(int)));
-  TORCH_CHECK(in, "streamalloc: truncated CUDA IPC handle of an expandable segment");
+std::shared_ptr<void> open_expandable(std::string_view bytes, c10::DeviceIndex device) {
+  shared_chunks chunks;
+  TORCH_CHECK(decode_shared_chunks(bytes, &chunks), "streamalloc: malformed CUDA IPC handle of an expandable segment");
   imported_chunks range;
-  const status st = import_chunks(device, header.pid, fds, header.chunk_bytes, &range);
+  const status st = import_chunks(device, chunks.pid, chunks.fds, chunks.chunk_bytes, &range);
   TORCH_CHECK(st.ok(), "streamalloc: cannot open the CUDA IPC handle of an expandable segment: ", st.message());
   auto* owned = new imported_chunks(std::move(range));
   return std::shared_ptr<void>(owned->address, [owned](void*) {
@@ -91,14 +80,14 @@ c10::cuda::CUDACachingAllocator::ShareableHandle share_ipc_handle(caching_alloca
     out.write(reinterpret_cast<const char*>(&handle), sizeof handle);
   } else {
     out.put(k_expandable_segment);
-    const expandable_header header{::getpid(), range.chunk_bytes, range.chunks.size()};
-    out.write(reinterpret_cast<const char*>(&header), sizeof header);
+    shared_chunks chunks{static_cast<int>(::getpid()), range.chunk_bytes, {}};
     for (physical_handle chunk : range.chunks) {
       int fd = -1;
       const status st = allocator.backend().vm_export(chunk, &fd);
       TORCH_CHECK(st.ok(), "streamalloc: cannot share this tensor with another process: ", st.message());
-      out.write(reinterpret_cast<const char*>(&fd), sizeof fd);
+      chunks.fds.push_back(fd);
     }
+    out << encode_shared_chunks(chunks);
   }
   return {static_cast<ptrdiff_t>(reinterpret_cast<std::uintptr_t>(ptr) - range.address), out.str()};
 }
@@ -121,8 +110,7 @@ std::shared_ptr<void> open_ipc_handle(const std::string& handle) {
       result = open_plain(handle.data() + 2, device);
     } else {
       TORCH_CHECK(handle[1] == k_expandable_segment, "streamalloc: unknown CUDA IPC handle type '", handle[1], "'");
-      std::istringstream in(handle.substr(2));
-      result = open_expandable(in, device);
+      result = open_expandable(std::string_view(handle).substr(2), device);
     }
   }
   for (auto it = opened.begin(); it != opened.end();) {

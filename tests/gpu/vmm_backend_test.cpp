@@ -1,7 +1,7 @@
 // [gpu][vmm] tests of vmm_backend on a real device: reserving address
-// ranges, creating, mapping, moving and releasing physical chunks, and the
-// statuses of bad calls. Without a GPU (or without VMM support) they skip
-// visibly.
+// ranges, creating, mapping, moving and releasing physical chunks, chunks
+// exported and imported again, and the statuses of bad calls. Without a GPU
+// (or without VMM support) they skip visibly.
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <cuda_runtime_api.h>
@@ -10,13 +10,16 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gpu/gpu_support.hpp"
 #include "streamalloc/backend/cuda_backend.hpp"
 #include "streamalloc/backend/vmm_backend.hpp"
+#include "streamalloc/core/caching_allocator.hpp"
 #include "streamalloc/util/bytes.hpp"
 
 using namespace streamalloc;
@@ -356,4 +359,60 @@ TEST_CASE("vmm backend: an exported chunk imports as a second view of the same m
   REQUIRE(backend->vm_release(range, 2 * chunk_bytes).ok());
   // Destroying the chunks closed the exported descriptors.
   for (int fd : fds) CHECK(::fcntl(fd, F_GETFD) == -1);
+}
+
+TEST_CASE("vmm backend: a relay's blocks imported while older imports live and chunks come and go",
+          "[gpu][vmm]") {
+  // What a process that receives and re-sends CUDA tensors does to one
+  // allocator: each block is exported and imported (here, by this process)
+  // while the imports of the three blocks before it are still mapped, and
+  // freed only after its own import is released; every hundred steps
+  // empty_cache destroys the idle chunks, so descriptors and chunk handles
+  // are reused.
+  STREAMALLOC_REQUIRE_GPU();
+  const std::unique_ptr<device_backend> backend = vmm_backend_for(0);
+  if (backend == nullptr) return;
+  STREAMALLOC_CUDA_REQUIRE(cudaSetDevice(0));
+  caching_allocator allocator(*backend, allocator_config{});
+  struct sent {
+    void* block;
+    imported_chunks view;
+  };
+  std::deque<sent> live;
+  const auto release_oldest = [&] {
+    REQUIRE(release_imported_chunks(live.front().view).ok());
+    allocator.free(live.front().block);
+    live.pop_front();
+  };
+  constexpr int k_steps = 3000;
+  for (int step = 0; step < k_steps; ++step) {
+    // Mostly small blocks in shared chunks; every tenth spans chunks.
+    const std::size_t bytes = step % 10 == 9 ? 3_MiB : 64;
+    void* block = allocator.allocate(bytes, 0);
+    const std::vector<std::uint32_t> values = pattern(64, static_cast<std::uint32_t>(step));
+    STREAMALLOC_CUDA_REQUIRE(cudaMemcpy(block, values.data(), 64, cudaMemcpyHostToDevice));
+
+    const caching_allocator::shareable_range range = allocator.share_range(block);
+    REQUIRE(range.expandable);
+    std::vector<int> fds;
+    for (physical_handle chunk : range.chunks) {
+      int fd = -1;
+      const status exported = backend->vm_export(chunk, &fd);
+      INFO(exported.message());
+      REQUIRE(exported.ok());
+      fds.push_back(fd);
+    }
+    sent s{block, {}};
+    const status imported = import_chunks(0, static_cast<int>(::getpid()), fds, range.chunk_bytes, &s.view);
+    INFO("step " << step << ": " << imported.message());
+    REQUIRE(imported.ok());
+    const std::uintptr_t offset = reinterpret_cast<std::uintptr_t>(block) - range.address;
+    REQUIRE(read_back(at_offset(s.view.address, offset), 64) == values);
+    live.push_back(std::move(s));
+    if (live.size() > 3) release_oldest();
+    if (step % 100 == 99) allocator.empty_cache();
+  }
+  while (!live.empty()) release_oldest();
+  allocator.empty_cache();
+  CHECK(allocator.stats().reserved_bytes[static_cast<int>(stat_type::all)].current == 0);
 }

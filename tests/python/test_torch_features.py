@@ -182,6 +182,15 @@ def test_cuda_ipc_round_trip(scripts, parent, child):
     assert result["child_exit"] == 0
 
 
+@pytest.mark.parametrize("mode", ["native", "streamalloc", "streamalloc_plain"])
+def test_cuda_ipc_through_a_relay_process(scripts, mode):
+    # A process that imports tensors and exports copies of its own at once
+    # (PyTorch's test_cuda_send_many, with fewer tensors).
+    result = scripts.run_ok("cuda_ipc_relay.py", mode, "5000", timeout=420)
+    assert result["sum"] == result["expected"], result
+    assert result["exit_codes"] == [0, 0, 0], result
+
+
 @pytest.fixture(scope="module")
 def stream_sanitizer(scripts):
     return {mode: scripts.run_ok("stream_sanitizer.py", mode) for mode in ("native", "streamalloc")}

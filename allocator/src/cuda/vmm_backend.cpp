@@ -19,6 +19,7 @@
 #include <string>
 
 #include "cuda_device_guard.hpp"
+#include "cuda_status.hpp"
 #include "nvtx_ranges.hpp"
 #include "streamalloc/util/errors.hpp"
 
@@ -434,7 +435,13 @@ status release_imported_chunks(const imported_chunks& range) {
   if (!guard.ok()) return guard_failure(guard, range.device);
   const std::size_t chunk_bytes = range.bytes / range.chunks.size();
   const CUdeviceptr base = device_pointer(range.address);
+  // cuMemUnmap does not wait for work that still reads the range, and its
+  // last reader may have run on any stream of this process: wait for all.
   status result = status::success();
+  if (const cudaError_t synced = cudaDeviceSynchronize(); synced != cudaSuccess) {
+    result = cuda_failure(synced, "cudaDeviceSynchronize before unmapping imported memory on CUDA device " +
+                                      std::to_string(range.device));
+  }
   for (std::size_t i = 0; i < range.chunks.size(); ++i) {
     const CUresult step = api.mem_unmap(base + i * chunk_bytes, chunk_bytes);
     if (step != CUDA_SUCCESS && result.ok()) result = failure(step, range.device, "cuMemUnmap of an imported chunk");
