@@ -3,8 +3,10 @@
 # (unit tests on the simulated device; without a GPU ctest reports the
 # [gpu] entry as skipped and the reason is printed), the sanitizer builds,
 # a short libFuzzer run (when clang is there), a CMake install with the
-# examples/cpp project built against it, and the Python tests (which skip
-# with the reason without torch or a GPU). Exits non-zero on any failure.
+# examples/cpp project built against it, the torch layer compiled against
+# torch's headers (scripts/check-torch-layer.sh), and the Python tests
+# (which skip with the reason without torch or a GPU). Exits non-zero on
+# any failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -37,6 +39,9 @@ else
   failed=1
 fi
 rm -rf "$install_dir"
+
+echo "== torch layer: python/src compiled against torch's headers (no GPU, nothing linked)"
+scripts/check-torch-layer.sh || failed=1
 
 echo "== pytest"
 set +e
