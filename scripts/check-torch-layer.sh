@@ -17,6 +17,7 @@ skip() {
 }
 
 cache_dir="$PWD/build/torch-headers"
+# Where python/torch.cmake looks when torch cannot be imported.
 torch_include=$(python3 - <<'PY'
 import importlib.util, os
 spec = importlib.util.find_spec("torch")
@@ -64,6 +65,7 @@ if command -v nvcc >/dev/null; then cuda_include="$(dirname "$(command -v nvcc)"
 [ -f "$cuda_include/cuda_runtime_api.h" ] || skip "no CUDA toolkit headers"
 [ -f build/generated/include/streamalloc/version.hpp ] || { echo "check-torch-layer: run scripts/setup.sh first"; exit 1; }
 
+# The warnings of the streamalloc_warnings target (CMakeLists.txt): keep the two alike.
 flags=(-std=c++17 -fsyntax-only -Wall -Wextra -Wpedantic -Wshadow -Wnon-virtual-dtor -Werror
   -isystem "$torch_include" -isystem "$torch_include/torch/csrc/api/include" -isystem "$python_include"
   -isystem "$cuda_include" -Iallocator/include -Ibuild/generated/include -Istreams/include -Ipython/src)
