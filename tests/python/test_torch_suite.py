@@ -1,0 +1,95 @@
+"""scripts/torch-suite/run.sh, which runs PyTorch's own test files under
+each allocator, checked against a stand-in `torch` package (no torch or
+GPU needed): a test file newer than the installed torch imports names it
+lacks, also in the children it spawns."""
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+RUN = REPO / "scripts" / "torch-suite" / "run.sh"
+
+FAKE_TORCH = {
+    "torch/__init__.py": """
+        from . import cuda, version
+        __version__ = "0.0+stand-in"
+    """,
+    "torch/version.py": "cuda = None\n",
+    "torch/cuda/__init__.py": "from . import memory\n",
+    "torch/cuda/memory.py": "def get_allocator_backend():\n    return 'native'\n",
+    "torch/testing/__init__.py": "",
+    "torch/testing/_internal/__init__.py": "",
+    "torch/testing/_internal/common_utils.py": """
+        import unittest
+        import expecttest
+        class TestCase(expecttest.TestCase):
+            pass
+        def run_tests():
+            unittest.main()
+    """,
+}
+
+# Imports two names common_utils lacks and a module torch lacks; a spawned
+# child unpickles `child`, so it imports this module too.
+TEST_FILE = """
+    import multiprocessing
+    from torch.testing._internal.common_utils import TestCase, TEST_NEWER, newer_helper, skipIfNewer
+    from torch.testing._internal.common_newer import TEST_NEWER_MODULE
+
+    def child(queue):
+        queue.put((TEST_NEWER, TEST_NEWER_MODULE))
+
+    class TestNewer(TestCase):
+        @skipIfNewer
+        def test_a_spawned_child_imports_this_module(self):
+            context = multiprocessing.get_context("spawn")
+            queue = context.Queue()
+            process = context.Process(target=child, args=(queue,))
+            process.start()
+            self.assertEqual(queue.get(timeout=60), (False, False))
+            process.join(60)
+            self.assertEqual(process.exitcode, 0)
+
+        def test_a_missing_helper_skips(self):
+            newer_helper()
+"""
+
+
+def make_tree(root, files):
+    for name, text in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(text))
+
+
+def run_suite(tmp_path, *args):
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(tmp_path / "fake"), "PYTHON": sys.executable,
+           "SUITE_TIMEOUT": "300"}
+    return subprocess.run([str(RUN), *args], capture_output=True, text=True, env=env, timeout=360)
+
+
+def test_a_newer_test_file_runs_with_stand_ins_in_every_process(tmp_path):
+    make_tree(tmp_path / "fake", FAKE_TORCH)
+    test_file = tmp_path / "test_newer.py"
+    test_file.write_text(textwrap.dedent(TEST_FILE))
+    out = tmp_path / "out"
+    result = run_suite(tmp_path, "native", str(test_file), str(out))
+    log = (out / "native.log").read_text()
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "1 passed, 1 skipped" in log, log
+    assert "newer_helper is missing from this torch's torch.testing._internal" in log, log
+    stand_ins = next(line for line in log.splitlines() if line.startswith("torch-suite: stand-ins:"))
+    for expected in ("common_utils.TEST_NEWER (flag)", "common_utils.newer_helper (raises SkipTest)",
+                     "common_utils.skipIfNewer (identity decorator)", "common_newer.<module> (empty module)",
+                     "common_newer.TEST_NEWER_MODULE (flag)"):
+        assert expected in stand_ins, stand_ins
+    assert "torch-suite: mode native, torch 0.0+stand-in" in log, log
+
+
+def test_an_unknown_mode_or_a_missing_file_is_refused(tmp_path):
+    bad_mode = run_suite(tmp_path, "cudaMallocAsync", str(tmp_path / "x.py"), str(tmp_path / "out"))
+    assert bad_mode.returncode == 2 and "MODE must be native, streamalloc or streamalloc_plain" in bad_mode.stderr
+    missing = run_suite(tmp_path, "native", str(tmp_path / "absent.py"), str(tmp_path / "out"))
+    assert missing.returncode == 2 and "no test file" in missing.stderr
