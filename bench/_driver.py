@@ -1,4 +1,4 @@
-"""Shared by bench/python_bench.py and bench/replay_torch.py: the allocator
+"""Shared by the Python benchmarks (python_bench.py, replay_torch.py, ipc_bench.py, ...): the allocator
 modes they compare and the driver that runs one mode in a fresh process of
 the calling script and reads back the JSON result its worker wrote.
 """
@@ -12,6 +12,9 @@ import tempfile
 # PYTORCH_CUDA_ALLOC_CONF of the torch modes that set one ("native" is
 # torch's defaults).
 TORCH_MODE_CONF = {"expandable": "expandable_segments:True", "cuda_async": "backend:cudaMallocAsync"}
+# STREAMALLOC_CONF of the streamalloc modes other than "streamalloc" (its
+# defaults).
+STREAMALLOC_MODE_CONF = {"streamalloc_plain": "expandable_segments:False"}
 # The allocator backend torch must report in each torch mode.
 TORCH_MODE_BACKEND = {"native": "native", "expandable": "native", "cuda_async": "cudaMallocAsync"}
 # Every variable that configures an allocator under test: each mode states
@@ -26,16 +29,19 @@ def mode_env(mode):
         env.pop(name, None)
     if mode in TORCH_MODE_CONF:
         env["PYTORCH_CUDA_ALLOC_CONF"] = TORCH_MODE_CONF[mode]
+    if mode in STREAMALLOC_MODE_CONF:
+        env["STREAMALLOC_CONF"] = STREAMALLOC_MODE_CONF[mode]
     env["PYTHONUNBUFFERED"] = "1"
     return env
 
 
 def enter_mode(mode, tool):
     """In a worker process, before anything touches CUDA: installs streamalloc
-    when `mode` is "streamalloc", sets up the CUDA context and allocator
+    in the streamalloc modes (settings from STREAMALLOC_CONF, which mode_env
+    sets), sets up the CUDA context and allocator
     outside any timing, and checks that torch's allocator backend is the
     mode's. Returns the torch module; `tool` names the caller in errors."""
-    if mode == "streamalloc":
+    if mode == "streamalloc" or mode in STREAMALLOC_MODE_CONF:
         import streamalloc  # before torch makes any CUDA allocation
 
         streamalloc.install()

@@ -1,19 +1,20 @@
 #!/usr/bin/env bash
 # The whole benchmark on a GPU machine: streamalloc-bench (every allocator in
 # one process), bench/python_bench.py (four allocator modes, a process each),
-# bench/streams_bench.py, captures of three traces (GPT-2 training with varying
-# length, GPT-2 generation, ResNet-50 at a fixed batch), replay of every
-# trace through torch's allocators and streamalloc (default settings and
-# plain segments), and the memory plot. Prints the markdown tables last.
+# bench/streams_bench.py, bench/ipc_bench.py, captures of three traces (GPT-2
+# training with varying length, GPT-2 generation, ResNet-50 at a fixed
+# batch), replay of every trace through torch's allocators and streamalloc
+# (default settings and plain segments), and the memory plot. Prints the
+# markdown tables last.
 #
 #   scripts/gpu-bench.sh [STEP ...]
 #
 # Steps, run in this order whatever the order named (default: all):
-#   microbench python_bench streams_bench capture replay plot
-# On an H200 the first four took about 4 minutes together in the last run
-# (plus about a minute to build on a bare machine); replay and plot should
-# take about 2 (not yet timed with three traces); no step's time limit is
-# over 480 s. What the steps write stays in BUILD_DIR/bench-work
+#   microbench python_bench streams_bench ipc_bench capture replay plot
+# On an H200 microbench, python_bench, streams_bench and capture took about
+# 4 minutes together in the last run (plus about a minute to build on a bare
+# machine); replay and plot should take about 2 (not yet timed with three
+# traces), ipc_bench is not yet timed; no step's time limit is over 480 s. What the steps write stays in BUILD_DIR/bench-work
 # between invocations: a step replaces only what it produces itself, and
 # replay reads the traces that the last `capture` left there. So
 #   scripts/gpu-bench.sh microbench python_bench streams_bench capture
@@ -50,7 +51,7 @@ cd "$repo_root" || exit 2
 # shellcheck source-path=SCRIPTDIR source=lib/steps.sh
 source "$repo_root/scripts/lib/steps.sh"
 
-all_steps=(microbench python_bench streams_bench capture replay plot)
+all_steps=(microbench python_bench streams_bench ipc_bench capture replay plot)
 command_line="scripts/gpu-bench.sh${*:+ $*}"
 
 python_bin="${PYTHON:-python3}"
@@ -147,13 +148,13 @@ write_results() {
     echo
     echo "| step | result | seconds | ran |"
     echo "|---|---|---|---|"
-    for name in build machine microbench python_bench streams_bench capture_gpt2_train capture_gpt2_generate capture_resnet50_fixed replay plot; do
+    for name in build machine microbench python_bench streams_bench ipc_bench capture_gpt2_train capture_gpt2_generate capture_resnet50_fixed replay plot; do
       if [[ -f $work/status/$name ]]; then
         IFS=$'\t' read -r -a status <"$work/status/$name"
         echo "| $name | ${status[0]} | ${status[1]} | ${status[2]} |"
       fi
     done
-    for name in microbench python_bench streams_bench replay; do
+    for name in microbench python_bench streams_bench ipc_bench replay; do
       if [[ -s $work/$name.md ]]; then
         echo
         cat "$work/$name.md"
@@ -174,7 +175,7 @@ write_results() {
 unset PYTORCH_CUDA_ALLOC_CONF PYTORCH_ALLOC_CONF STREAMALLOC_CONF
 
 if steps_is_selected microbench || steps_is_selected python_bench || steps_is_selected streams_bench ||
-  steps_is_selected replay; then
+  steps_is_selected ipc_bench || steps_is_selected replay; then
   if [[ ! -x $bin/streamalloc-bench || ! -x $bin/streamalloc-replay || ! -d $build_dir/pip-target ]]; then
     if may_start 480; then
       # gpu-check.sh's build and pip steps: its step functions, sourced in a
@@ -200,12 +201,14 @@ fi
 
 micro_args=()
 python_args=()
+ipc_args=()
 train_args=()
 generate_args=()
 resnet_args=()
 if [[ $quick == 1 ]]; then
   micro_args=(--reps 3 --pairs 2000 --thread-pairs 500 --mixed-steps 8000)
   python_args=(--quick)
+  ipc_args=(--count 20 --warmup 2)
   train_args=(--steps 4)
   generate_args=(--requests 3 --new-tokens 8)
   resnet_args=(--steps 3)
@@ -238,6 +241,17 @@ if steps_is_selected streams_bench; then
     markdown streams_bench "$limit" "$python_bin" bench/streams_bench.py --json "$work/streams_bench.json"
   else
     not_started streams_bench
+  fi
+fi
+
+# Four modes, a receiver and a sender process per size each.
+if steps_is_selected ipc_bench; then
+  if may_start 240; then
+    rm -f "$work/ipc_bench.md" "$work/ipc_bench.json"
+    markdown ipc_bench "$limit" "$python_bin" bench/ipc_bench.py --timeout 120 --json "$work/ipc_bench.json" \
+      "${ipc_args[@]}"
+  else
+    not_started ipc_bench
   fi
 fi
 
