@@ -1,6 +1,7 @@
-"""Shared by the Python benchmarks (python_bench.py, replay_torch.py, ipc_bench.py, ...): the allocator
-modes they compare and the driver that runs one mode in a fresh process of
-the calling script and reads back the JSON result its worker wrote.
+"""Shared by the Python benchmarks (python_bench.py, replay_torch.py,
+ipc_bench.py, ...): the allocator modes they compare and the driver that
+runs one mode in a fresh process of the calling script and reads back the
+JSON result its worker wrote.
 """
 
 import json
@@ -37,10 +38,10 @@ def mode_env(mode):
 
 def enter_mode(mode, tool):
     """In a worker process, before anything touches CUDA: installs streamalloc
-    in the streamalloc modes (settings from STREAMALLOC_CONF, which mode_env
-    sets), sets up the CUDA context and allocator
-    outside any timing, and checks that torch's allocator backend is the
-    mode's. Returns the torch module; `tool` names the caller in errors."""
+    in the streamalloc modes (their settings come from STREAMALLOC_CONF,
+    which mode_env sets), sets up the CUDA context and allocator outside any
+    timing, and checks that torch's allocator backend is the mode's. Returns
+    the torch module; `tool` names the caller in errors."""
     if mode == "streamalloc" or mode in STREAMALLOC_MODE_CONF:
         import streamalloc  # before torch makes any CUDA allocation
 

@@ -12,14 +12,14 @@ torch.multiprocessing program):
         [--json FILE]
 
 Each mode runs in a process of its own (the receiver), which spawns a
-sender per size. The sender makes --count tensors, keeps them alive, and
-sends each pickled the way torch.multiprocessing pickles it (the export
-happens there); the receiver takes all the bytes first, then times, per
-tensor, three steps: unpickling (the import: open or map the sender's
-memory), reading its last element to the host (the wait on the sender's
-event and a copy), and dropping it (closing or unmapping, and torch's
-release of the sender's reference). Medians and [p10, p90] over the
-tensors after --warmup.
+sender per size. One tensor at a time, the receiver asks for it, the
+sender makes it, pickles it the way torch.multiprocessing does (the
+export) and drops its own reference, and the receiver times three steps:
+unpickling (the import: opening or mapping the sender's memory), reading
+its last element to the host (the wait on the sender's event and a copy),
+and dropping it (closing or unmapping, and torch's release of the
+sender's reference). Medians and [p10, p90] over the tensors after
+--warmup.
 """
 
 import argparse
@@ -41,16 +41,22 @@ def log(message):
     print(f"ipc_bench[{os.getpid()}]: {message}", file=sys.stderr, flush=True)
 
 
-def sender(mode, elements, count, connection, done):
+def sender(mode, elements, count, connection):
+    """Makes and sends one tensor per request, dropping its own reference
+    at once (torch keeps the memory until the receiver lets it go), then
+    stays alive until the receiver says it is done: importing needs the
+    sender's process."""
     torch = enter_mode(mode, "ipc_bench")
     import torch.multiprocessing  # noqa: F401 (registers the CUDA tensor reductions)
     from multiprocessing.reduction import ForkingPickler
 
-    tensors = [torch.full([elements], float(i), device="cuda") for i in range(count)]
-    torch.cuda.synchronize()
-    for t in tensors:
-        connection.send_bytes(ForkingPickler.dumps(t))
-    done.wait()
+    for i in range(count):
+        connection.recv_bytes()
+        tensor = torch.full([elements], float(i), device="cuda")
+        torch.cuda.synchronize()
+        connection.send_bytes(ForkingPickler.dumps(tensor))
+        del tensor
+    connection.recv_bytes()
 
 
 def receive_size(mode, elements, count, warmup):
@@ -59,13 +65,14 @@ def receive_size(mode, elements, count, warmup):
 
     context = mp.get_context("spawn")
     mine, theirs = context.Pipe()
-    done = context.Event()
-    process = context.Process(target=sender, args=(mode, elements, count, theirs, done))
+    process = context.Process(target=sender, args=(mode, elements, count, theirs))
     process.start()
+    theirs.close()  # so that a sender that dies ends our reads instead of leaving them waiting
+    samples = {step: [] for step in STEPS}
     try:
-        payloads = [mine.recv_bytes() for _ in range(count)]
-        samples = {step: [] for step in STEPS}
-        for i, payload in enumerate(payloads):
+        for i in range(count):
+            mine.send_bytes(b"next")
+            payload = mine.recv_bytes()
             start = time.perf_counter_ns()
             tensor = ForkingPickler.loads(payload)
             received = time.perf_counter_ns()
@@ -78,9 +85,11 @@ def receive_size(mode, elements, count, warmup):
             if i >= warmup:
                 for step, ns in zip(STEPS, (received - start, read - received, released - read)):
                     samples[step].append(ns / 1000)
+        mine.send_bytes(b"done")
     finally:
-        done.set()
         process.join(60)
+        if process.is_alive():
+            process.kill()
     if process.exitcode != 0:
         raise SystemExit(f"ipc_bench: the sender exited with {process.exitcode}")
     return {step: summarize(values) for step, values in samples.items()}
