@@ -14,9 +14,10 @@
 # On an H200 microbench, python_bench, streams_bench and capture took about
 # 4 minutes together in the last run (plus about a minute to build on a bare
 # machine); replay and plot should take about 2 (not yet timed with three
-# traces), ipc_bench is not yet timed; no step's time limit is over 480 s. What the steps write stays in BUILD_DIR/bench-work
-# between invocations: a step replaces only what it produces itself, and
-# replay reads the traces that the last `capture` left there. So
+# traces), ipc_bench is not yet timed; no step's time limit is over 480 s.
+# What the steps write stays in BUILD_DIR/bench-work between invocations: a
+# step replaces only what it produces itself, and replay reads the traces
+# that the last `capture` left there. So
 #   scripts/gpu-bench.sh microbench python_bench streams_bench capture
 #   scripts/gpu-bench.sh replay plot
 # gives, after the second call, the same results.md as one full run.

@@ -31,7 +31,7 @@ FAKE_TORCH = {
     """,
 }
 
-# Imports two names common_utils lacks and a module torch lacks; a spawned
+# Imports three names common_utils lacks and a module torch lacks; a spawned
 # child unpickles `child`, so it imports this module too.
 TEST_FILE = """
     import multiprocessing
