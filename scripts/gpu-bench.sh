@@ -14,7 +14,8 @@
 # On an H200 microbench, python_bench, streams_bench and capture took about
 # 4 minutes together in the last run (plus about a minute to build on a bare
 # machine); replay and plot should take about 2 (not yet timed with three
-# traces), ipc_bench is not yet timed; no step's time limit is over 480 s.
+# traces); bench/ipc_bench.py took 105 s with --count 60 (the step runs
+# 200, not yet timed as a step); no step's time limit is over 480 s.
 # What the steps write stays in BUILD_DIR/bench-work between invocations: a
 # step replaces only what it produces itself, and replay reads the traces
 # that the last `capture` left there. So
