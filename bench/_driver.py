@@ -76,3 +76,12 @@ def run_worker(script, mode, args, timeout):
             with open(out_path) as f:
                 return json.load(f)
         return {"mode": mode, "error": f"worker failed (exit status {proc.returncode})"}
+
+
+def finish(tool, modes, results, json_path):
+    """Writes {"tool", "modes", "results"} to json_path when one is given, and
+    returns the exit status of a run over `modes`: 1 when any mode failed."""
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump({"tool": tool, "modes": modes, "results": results}, f, indent=1)
+    return 0 if all("error" not in r for r in results.values()) else 1

@@ -38,7 +38,7 @@ import os
 import sys
 import time
 
-from _driver import run_worker
+from _driver import finish, run_worker
 from python_bench import log, summarize, time_steps
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -175,10 +175,7 @@ def main():
             rounds[mode].append(out)
     results = {m: merge(m, rs) for m, rs in rounds.items()}
     print_table(results, modes)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"tool": "diagnosis_bench", "modes": modes, "results": results}, f, indent=1)
-    return 0 if all("error" not in r for r in results.values()) else 1
+    return finish("diagnosis_bench", modes, results, args.json)
 
 
 if __name__ == "__main__":

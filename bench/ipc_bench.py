@@ -28,7 +28,7 @@ import os
 import sys
 import time
 
-from _driver import enter_mode, run_worker
+from _driver import enter_mode, finish, run_worker
 from python_bench import summarize
 
 MODES = ["native", "expandable", "streamalloc", "streamalloc_plain"]
@@ -148,10 +148,7 @@ def main():
         log(f"running mode {mode}")
         results[mode] = run_worker(__file__, mode, [f"--count={args.count}", f"--warmup={args.warmup}"], args.timeout)
     print_table(results, modes)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"tool": "ipc_bench", "modes": modes, "results": results}, f, indent=1)
-    return 0 if all("error" not in r for r in results.values()) else 1
+    return finish("ipc_bench", modes, results, args.json)
 
 
 if __name__ == "__main__":

@@ -46,7 +46,7 @@ import os
 import sys
 import time
 
-from _driver import TORCH_MODE_CONF, enter_mode, run_worker
+from _driver import TORCH_MODE_CONF, enter_mode, finish, run_worker
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MODES = ["native", "expandable", "cuda_async", "streamalloc"]
@@ -522,10 +522,7 @@ def main():
     ] + ([f"--cpu={args.cpu}"] if args.cpu is not None else [])
     results = run_workers(args, passthrough)
     print_tables(results, args.modes)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"tool": "python_bench", "modes": args.modes, "results": results}, f, indent=1)
-    return 0 if all("error" not in r for r in results.values()) else 1
+    return finish("python_bench", args.modes, results, args.json)
 
 
 if __name__ == "__main__":
