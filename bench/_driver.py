@@ -78,6 +78,14 @@ def run_worker(script, mode, args, timeout):
         return {"mode": mode, "error": f"worker failed (exit status {proc.returncode})"}
 
 
+def check_choices(parser, what, chosen, known):
+    """Ends the run with argparse's usage error when `chosen` names anything
+    outside `known` (`what` is the kind of name, as "mode")."""
+    unknown = [x for x in chosen if x not in known]
+    if unknown:
+        parser.error(f"unknown {what}(s) {', '.join(unknown)}; known: {', '.join(known)}")
+
+
 def finish(tool, modes, results, json_path):
     """Writes {"tool", "modes", "results"} to json_path when one is given, and
     returns the exit status of a run over `modes`: 1 when any mode failed."""

@@ -38,7 +38,7 @@ import os
 import sys
 import time
 
-from _driver import finish, run_worker
+from _driver import check_choices, finish, run_worker
 from python_bench import log, summarize, time_steps
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -160,9 +160,7 @@ def main():
         worker(args.worker, args.out, args)
         return 0
     modes = args.modes.split(",")
-    unknown = [m for m in modes if m not in MODES]
-    if unknown:
-        parser.error(f"unknown mode(s) {', '.join(unknown)}; known: {', '.join(MODES)}")
+    check_choices(parser, "mode", modes, MODES)
     passthrough = [f"--steps={args.steps}", f"--step-warmup={args.step_warmup}", f"--batch={args.batch}",
                    f"--seq-len={args.seq_len}"]
     rounds = {m: [] for m in modes}

@@ -28,7 +28,7 @@ import os
 import sys
 import time
 
-from _driver import enter_mode, finish, run_worker
+from _driver import check_choices, enter_mode, finish, run_worker
 from python_bench import summarize
 
 MODES = ["native", "expandable", "streamalloc", "streamalloc_plain"]
@@ -140,9 +140,7 @@ def main():
         worker(args.worker, args.out, args)
         return 0
     modes = args.modes.split(",")
-    unknown = [m for m in modes if m not in MODES]
-    if unknown:
-        parser.error(f"unknown mode(s) {', '.join(unknown)}; known: {', '.join(MODES)}")
+    check_choices(parser, "mode", modes, MODES)
     results = {}
     for mode in modes:
         log(f"running mode {mode}")

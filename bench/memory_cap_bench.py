@@ -87,7 +87,7 @@ import sys
 import tempfile
 import time
 
-from _driver import TORCH_MODE_BACKEND, mode_env, run_worker
+from _driver import TORCH_MODE_BACKEND, check_choices, mode_env, run_worker
 from python_bench import summarize
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -658,9 +658,7 @@ def parse_args():
     args.modes = args.modes.split(",")
     args.parts = args.parts.split(",")
     for name, values, known in (("mode", args.modes, MODES), ("part", args.parts, PARTS)):
-        unknown = [v for v in values if v not in known]
-        if unknown:
-            parser.error(f"unknown {name}(s) {', '.join(unknown)}; known: {', '.join(known)}")
+        check_choices(parser, name, values, known)
         if len(set(values)) != len(values):
             parser.error(f"--{name}s names a {name} twice")
     positions = workload["tiny_positions" if args.tiny else "positions"]

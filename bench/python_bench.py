@@ -46,7 +46,7 @@ import os
 import sys
 import time
 
-from _driver import TORCH_MODE_CONF, enter_mode, finish, run_worker
+from _driver import TORCH_MODE_CONF, check_choices, enter_mode, finish, run_worker
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MODES = ["native", "expandable", "cuda_async", "streamalloc"]
@@ -507,10 +507,8 @@ def main():
         return 0
 
     args.modes = args.modes.split(",")
-    for what, chosen, known in (("mode", args.modes, MODES), ("part", args.parts.split(","), PARTS)):
-        unknown = [x for x in chosen if x not in known]
-        if unknown:
-            parser.error(f"unknown {what}(s) {', '.join(unknown)}; known: {', '.join(known)}")
+    check_choices(parser, "mode", args.modes, MODES)
+    check_choices(parser, "part", args.parts.split(","), PARTS)
     if args.cpu is not None and args.cpu not in os.sched_getaffinity(0):
         parser.error(f"--cpu {args.cpu}: this process may run only on CPUs {sorted(os.sched_getaffinity(0))}")
     passthrough = [

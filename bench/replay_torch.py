@@ -36,7 +36,7 @@ import subprocess
 import sys
 import time
 
-from _driver import TORCH_MODE_BACKEND, mode_env, run_worker
+from _driver import TORCH_MODE_BACKEND, check_choices, mode_env, run_worker
 
 TORCH_MODES = ["native", "expandable", "cuda_async"]
 # streamalloc-replay's --conf for each streamalloc column (None: defaults).
@@ -341,9 +341,7 @@ def main():
         return 0
 
     modes = [m for m in args.modes.split(",") if m]
-    unknown = [m for m in modes if m not in TORCH_MODES]
-    if unknown:
-        parser.error(f"unknown mode(s) {', '.join(unknown)}; known: {', '.join(TORCH_MODES)}")
+    check_choices(parser, "mode", modes, TORCH_MODES)
     streamalloc_columns = list(STREAMALLOC_MODES) if args.streamalloc_replay else []
     columns = ["recorded", *modes, *streamalloc_columns]
     if args.timeline_dir:
