@@ -10,6 +10,8 @@ never initialises CUDA itself.
 
 from __future__ import annotations
 
+import contextlib
+import importlib.util
 import json
 import os
 import subprocess
@@ -33,6 +35,21 @@ try:
 except ImportError:
     IN_TREE_PATH = str(REPO / "python")
     sys.path.insert(0, IN_TREE_PATH)
+
+
+@contextlib.contextmanager
+def bench_module(name: str):
+    """bench/NAME.py loaded as a module under test, with bench/ on sys.path
+    for the modules it imports (_driver, python_bench) while it is used."""
+    bench = str(REPO / "bench")
+    sys.path.insert(0, bench)
+    try:
+        spec = importlib.util.spec_from_file_location(f"{name}_under_test", REPO / "bench" / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        sys.path.remove(bench)
 
 
 def script_env(extra: Optional[Dict[str, str]] = None) -> Dict[str, str]:

@@ -2,7 +2,6 @@
 run's JSON and exit status with stand-in workers.
 The workers need a GPU and run in scripts/gpu-bench.sh's ipc_bench step."""
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -10,20 +9,16 @@ from pathlib import Path
 
 import pytest
 
+from conftest import bench_module
+
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "bench" / "ipc_bench.py"
 
 
 @pytest.fixture(scope="module")
 def ipc_bench():
-    sys.path.insert(0, str(SCRIPT.parent))  # for _driver and python_bench
-    try:
-        spec = importlib.util.spec_from_file_location("ipc_bench_under_test", SCRIPT)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
+    with bench_module("ipc_bench") as module:
         yield module
-    finally:
-        sys.path.remove(str(SCRIPT.parent))
 
 
 def test_the_table_has_a_row_per_size_and_mode_and_shows_failures(ipc_bench, capsys):

@@ -6,12 +6,13 @@ parts. The workers themselves need a GPU and run in scripts/gpu-bench.sh."""
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from conftest import bench_module
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "bench" / "python_bench.py"
@@ -19,14 +20,8 @@ SCRIPT = REPO / "bench" / "python_bench.py"
 
 @pytest.fixture(scope="module")
 def python_bench():
-    sys.path.insert(0, str(SCRIPT.parent))  # for its _driver
-    try:
-        spec = importlib.util.spec_from_file_location("python_bench_under_test", SCRIPT)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
+    with bench_module("python_bench") as module:
         yield module
-    finally:
-        sys.path.remove(str(SCRIPT.parent))
 
 
 def empty_del_round(bench, base_ns, extra_ns, drift_ns=(0, 0, 0)):
