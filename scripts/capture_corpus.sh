@@ -58,6 +58,10 @@ corpus=(
   "amp_accumulate|amp_accumulate.py|"
   "rl_rollout_train|rl_rollout_train.py|"
   "inference_server_streams8|inference_server.py|--streams 8 --seed 1"
+  "speculative_decode|speculative_decode.py|"
+  "train_eval_loop|train_eval_loop.py|"
+  "gnn_train|gnn_train.py|"
+  "segmentation_train_varsize|segmentation_train.py|"
 )
 existing=(gpt2_train_varlen gpt2_generate resnet50_fixed_batch)
 
