@@ -62,6 +62,7 @@ corpus=(
   "train_eval_loop|train_eval_loop.py|"
   "gnn_train|gnn_train.py|"
   "segmentation_train_varsize|segmentation_train.py|"
+  "stream_pipeline_infer|stream_pipeline_infer.py|"
 )
 existing=(gpt2_train_varlen gpt2_generate resnet50_fixed_batch)
 
