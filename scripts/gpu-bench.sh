@@ -15,7 +15,8 @@
 # 4 minutes together in the last run (plus about a minute to build on a bare
 # machine); replay and plot should take about 2 (not yet timed with three
 # traces); bench/ipc_bench.py took 105 s with --count 60 (the step runs
-# 200, not yet timed as a step); no step's time limit is over 480 s.
+# 200, not yet timed as a step; 64 s as a step with BENCH_QUICK's 20);
+# no step's time limit is over 480 s.
 # What the steps write stays in BUILD_DIR/bench-work between invocations: a
 # step replaces only what it produces itself, and replay reads the traces
 # that the last `capture` left there. So
@@ -120,6 +121,21 @@ markdown() {
   step "$name" "$step_limit" bash -c '"$0" "$@" > "'"$work/$name"'.md"; rc=$?; cat "'"$work/$name"'.md"; exit $rc' "$@"
 }
 
+# table_step NAME DEFAULT_S COMMAND...: when NAME is selected, its last
+# table and JSON removed and COMMAND run as a markdown step within
+# may_start's limit; recorded as not started when no time is left.
+table_step() {
+  local name=$1 default_limit=$2
+  shift 2
+  steps_is_selected "$name" || return 0
+  if may_start "$default_limit"; then
+    rm -f "$work/$name.md" "$work/$name.json"
+    markdown "$name" "$limit" "$@"
+  else
+    not_started "$name"
+  fi
+}
+
 gpu_line="$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -1)"
 torch_line="$("$python_bin" -c 'import torch; print(torch.__version__)' 2>/dev/null)"
 source_line="$(git -C "$repo_root" rev-parse --short HEAD 2>/dev/null || echo 'no git metadata')"
@@ -216,46 +232,14 @@ if [[ $quick == 1 ]]; then
   resnet_args=(--steps 3)
 fi
 
-if steps_is_selected microbench; then
-  if may_start 300; then
-    rm -f "$work/microbench.md" "$work/microbench.json"
-    markdown microbench "$limit" "$bin/streamalloc-bench" --json "$work/microbench.json" "${micro_args[@]}"
-  else
-    not_started microbench
-  fi
-fi
-
+table_step microbench 300 "$bin/streamalloc-bench" --json "$work/microbench.json" "${micro_args[@]}"
 # Three rounds of four worker processes, at most 100 s each (about 20 s
 # each on an H200).
-if steps_is_selected python_bench; then
-  if may_start 540; then
-    rm -f "$work/python_bench.md" "$work/python_bench.json"
-    markdown python_bench "$limit" "$python_bin" bench/python_bench.py --timeout 100 --json "$work/python_bench.json" \
-      "${python_args[@]}"
-  else
-    not_started python_bench
-  fi
-fi
-
-if steps_is_selected streams_bench; then
-  if may_start 180; then
-    rm -f "$work/streams_bench.md" "$work/streams_bench.json"
-    markdown streams_bench "$limit" "$python_bin" bench/streams_bench.py --json "$work/streams_bench.json"
-  else
-    not_started streams_bench
-  fi
-fi
-
+table_step python_bench 540 "$python_bin" bench/python_bench.py --timeout 100 --json "$work/python_bench.json" \
+  "${python_args[@]}"
+table_step streams_bench 180 "$python_bin" bench/streams_bench.py --json "$work/streams_bench.json"
 # Four modes, a receiver and a sender process per size each.
-if steps_is_selected ipc_bench; then
-  if may_start 240; then
-    rm -f "$work/ipc_bench.md" "$work/ipc_bench.json"
-    markdown ipc_bench "$limit" "$python_bin" bench/ipc_bench.py --timeout 120 --json "$work/ipc_bench.json" \
-      "${ipc_args[@]}"
-  else
-    not_started ipc_bench
-  fi
-fi
+table_step ipc_bench 240 "$python_bin" bench/ipc_bench.py --timeout 120 --json "$work/ipc_bench.json" "${ipc_args[@]}"
 
 if steps_is_selected capture; then
   for workload in gpt2_train gpt2_generate resnet50_fixed; do
