@@ -63,6 +63,7 @@ corpus=(
   "gnn_train|gnn_train.py|"
   "segmentation_train_varsize|segmentation_train.py|"
   "stream_pipeline_infer|stream_pipeline_infer.py|"
+  "sampled_generate|sampled_generate.py|"
 )
 existing=(gpt2_train_varlen gpt2_generate resnet50_fixed_batch)
 

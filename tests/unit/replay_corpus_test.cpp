@@ -45,7 +45,7 @@ struct corpus_exception {
 // bert_serve left the list at 1.0157 (1.1855 before) when the repeat-stitch
 // budget gave way to Note [stitch cycles] and stitching took chunks beside
 // the hole (Note [beside the hole]).
-constexpr std::array<corpus_exception, 9> k_corpus_exceptions{{
+constexpr std::array<corpus_exception, 10> k_corpus_exceptions{{
     // 1.0218 since Note [chunk-aligned starts] (1.0277 before); 1.0203 since
     // the block after the hole gives its idle chunks (Note [beside the hole]).
     {"fsdp2_streams2", 1.025,
@@ -69,6 +69,9 @@ constexpr std::array<corpus_exception, 9> k_corpus_exceptions{{
      "eight responses held: long-lived outputs between transients leave partly used chunks at the peak (1.0230)"},
     {"t5_beam_generate", 1.03,
      "beam search in an encoder-decoder: the decoder cache and encoder outputs leave partly used chunks at the peak (1.0227)"},
+    // A held-out workload: 1.0443 on its first replay, with no change made for it.
+    {"sampled_generate", 1.05,
+     "sampled answers with sliding-window caches: at the peak 31.48 MiB lie free in partly used chunks of 21 mapped runs"},
 }};
 
 double ratio_limit_for(const std::string& name) {
