@@ -13,6 +13,27 @@ std::size_t reserved_now(const caching_allocator& allocator) {
   return static_cast<std::size_t>(allocator.stats().reserved_bytes[k_all].current);
 }
 
+// A mapped run's free bytes split by chunks of `chunk` bytes from its
+// start: in idle chunks (no block in use) and in chunks that hold one.
+void split_free(const segment_info& s, std::size_t chunk, std::size_t* idle, std::size_t* partly_used) {
+  // Bytes in use per chunk of the run; a chunk with none is idle.
+  std::vector<std::size_t> used((s.total_size + chunk - 1) / chunk, 0);
+  std::size_t free_bytes = 0;
+  for (const block_info& b : s.blocks) {
+    if (b.state == block_state::inactive) {
+      free_bytes += b.size;
+      continue;
+    }
+    const std::uintptr_t from = b.address - s.address;
+    const std::uintptr_t to = from + b.size;
+    for (std::size_t c = from / chunk; c < used.size() && c * chunk < to; ++c) {
+      used[c] += std::min<std::uintptr_t>(to, (c + 1) * chunk) - std::max<std::uintptr_t>(from, c * chunk);
+    }
+  }
+  *idle = static_cast<std::size_t>(std::count(used.begin(), used.end(), std::size_t{0})) * chunk;
+  *partly_used = free_bytes - *idle;
+}
+
 // Adds the free bytes of `s` to `out`, cut into chunks of `chunk` bytes
 // from its start when it is a mapped run of an expandable segment.
 void count_free(const segment_info& s, std::size_t chunk, peak_anatomy* out) {
@@ -31,23 +52,34 @@ void count_free(const segment_info& s, std::size_t chunk, peak_anatomy* out) {
     return;
   }
   ++out->mapped_runs;
-  // Bytes in use per chunk of the run; a chunk with none is idle.
-  std::vector<std::size_t> used((s.total_size + chunk - 1) / chunk, 0);
-  std::size_t free_bytes = 0;
-  for (const block_info& b : s.blocks) {
-    if (b.state == block_state::inactive) {
-      free_bytes += b.size;
-      continue;
-    }
-    const std::uintptr_t from = b.address - s.address;
-    const std::uintptr_t to = from + b.size;
-    for (std::size_t c = from / chunk; c < used.size() && c * chunk < to; ++c) {
-      used[c] += std::min<std::uintptr_t>(to, (c + 1) * chunk) - std::max<std::uintptr_t>(from, c * chunk);
-    }
-  }
-  const std::size_t idle = static_cast<std::size_t>(std::count(used.begin(), used.end(), std::size_t{0})) * chunk;
+  std::size_t idle = 0;
+  std::size_t partly_used = 0;
+  split_free(s, chunk, &idle, &partly_used);
   out->idle_chunk_bytes += idle;
-  out->partly_used_free_bytes += free_bytes - idle;
+  out->partly_used_free_bytes += partly_used;
+}
+
+// The default pool's mapped runs, most free bytes in partly used chunks first.
+std::vector<peak_run> mapped_runs(const caching_allocator& allocator) {
+  const std::size_t chunk = allocator.config().vmm_chunk_bytes;
+  std::vector<peak_run> runs;
+  for (const segment_info& s : allocator.snapshot().segments) {
+    if (s.pool != 0 || !s.is_expandable || chunk == 0) continue;
+    peak_run run;
+    run.bytes = s.total_size;
+    run.small = s.is_small;
+    for (const block_info& b : s.blocks) {
+      if (b.state == block_state::inactive) continue;
+      ++run.blocks_in_use;
+      run.bytes_in_use += b.size;
+    }
+    split_free(s, chunk, &run.idle_chunk_bytes, &run.partly_used_free_bytes);
+    runs.push_back(run);
+  }
+  std::stable_sort(runs.begin(), runs.end(), [](const peak_run& a, const peak_run& b) {
+    return a.partly_used_free_bytes > b.partly_used_free_bytes;
+  });
+  return runs;
 }
 
 }  // namespace
@@ -97,6 +129,7 @@ peak_anatomy examine_reserved_peak(const std::vector<trace_file_event>& events,
     }
     void* ptr = allocator->allocate(e.size, static_cast<stream_handle>(e.stream));
     out.repeated = reserved_now(*allocator) == out.reserved_after;
+    out.runs_after = mapped_runs(*allocator);
     allocator->free(ptr);
     return false;
   }, [](std::uint64_t) {});

@@ -3,7 +3,8 @@
 // before it into what lives there and what sits free, and of the free
 // bytes, what stitching could move (idle chunks) and what it cannot (free
 // bytes in chunks that also hold a block in use, free bytes of plain
-// segments). It says why a replay's ratio is above 1.
+// segments), and lists the mapped runs just after it. It says why a
+// replay's ratio is above 1.
 #pragma once
 
 #include <cstddef>
@@ -16,6 +17,18 @@
 #include "trace_reader.hpp"
 
 namespace streamalloc {
+
+// A contiguous mapped run of an expandable segment (default pool), just
+// after the allocation that set the peak: bytes = in use + idle + partly
+// used free.
+struct peak_run {
+  std::size_t bytes = 0;
+  bool small = false;  // the small pool's run
+  std::size_t blocks_in_use = 0;  // allocated, or freed and waiting for stream events
+  std::size_t bytes_in_use = 0;
+  std::size_t idle_chunk_bytes = 0;
+  std::size_t partly_used_free_bytes = 0;
+};
 
 struct peak_anatomy {
   bool found = false;  // false: the trace reserved nothing
@@ -39,6 +52,10 @@ struct peak_anatomy {
   std::size_t partly_used_free_bytes = 0;
   std::size_t plain_free_bytes = 0;  // free blocks of plain segments
   std::size_t mapped_runs = 0;       // contiguous mapped runs of expandable segments
+  // Just after that allocation: every mapped run, those with the most free
+  // bytes in partly used chunks first (where the excess over live bytes
+  // lies when no idle chunk is left).
+  std::vector<peak_run> runs_after;
   // The second replay reached the same peak at the same allocation (false
   // would mean the replay is not repeatable, and the figures describe
   // another layout).

@@ -99,7 +99,9 @@ void print_help() {
       "                    allocators and tell where reserved memory stood just\n"
       "                    before the allocation that set its peak: live bytes,\n"
       "                    rounding, idle chunks stitching can move, free bytes in\n"
-      "                    chunks that also hold a live block. Not with --all\n"
+      "                    chunks that also hold a live block; then the mapped\n"
+      "                    runs just after it, those with the most such bytes\n"
+      "                    first. Not with --all\n"
       "  --conf TEXT       allocator settings \"key:value,...\" applied on top of\n"
       "                    the STREAMALLOC_CONF environment variable\n"
       "  --json            print one JSON object instead of a table\n"
@@ -287,6 +289,16 @@ void json_anatomy(json_writer& w, const peak_anatomy& a) {
   w.key("idle_chunk_bytes").value(a.idle_chunk_bytes).key("partly_used_free_bytes").value(a.partly_used_free_bytes);
   w.key("plain_free_bytes").value(a.plain_free_bytes).key("mapped_runs").value(a.mapped_runs);
   w.key("repeated").value(a.repeated);
+  w.key("runs_after").begin_array();
+  for (const peak_run& run : a.runs_after) {
+    w.begin_object();
+    w.key("bytes").value(run.bytes).key("small").value(run.small);
+    w.key("blocks_in_use").value(run.blocks_in_use).key("bytes_in_use").value(run.bytes_in_use);
+    w.key("idle_chunk_bytes").value(run.idle_chunk_bytes);
+    w.key("partly_used_free_bytes").value(run.partly_used_free_bytes);
+    w.end_object();
+  }
+  w.end_array();
   w.end_object();
 }
 
@@ -332,6 +344,36 @@ std::string native_device_allocations(const replay_result& r) {
   return text;
 }
 
+// The mapped runs just after the peak allocation, those that waste the
+// most in partly used chunks first; the rest summed.
+void print_runs_after(const std::vector<peak_run>& runs) {
+  if (runs.empty()) return;
+  constexpr std::size_t k_listed = 8;
+  const std::size_t listed = std::min(runs.size(), k_listed);
+  if (runs.size() == 1) {
+    std::printf("Just after it, 1 mapped run:\n");
+  } else if (listed == runs.size()) {
+    std::printf("Just after it, %zu mapped runs, the most free bytes in partly used chunks first:\n", runs.size());
+  } else {
+    std::printf("Just after it, %zu mapped runs; the %zu with the most free bytes in partly used chunks:\n",
+                runs.size(), listed);
+  }
+  for (std::size_t i = 0; i < listed; ++i) {
+    const peak_run& run = runs[i];
+    std::printf("  %s run of %s: %zu block%s in use (%s), %s free in partly used chunks", run.small ? "small" : "large",
+                format_bytes(run.bytes).c_str(), run.blocks_in_use, run.blocks_in_use == 1 ? "" : "s",
+                format_bytes(run.bytes_in_use).c_str(), format_bytes(run.partly_used_free_bytes).c_str());
+    if (run.idle_chunk_bytes > 0) std::printf(", %s idle", format_bytes(run.idle_chunk_bytes).c_str());
+    std::printf("\n");
+  }
+  if (runs.size() > listed) {
+    std::size_t rest = 0;
+    for (std::size_t i = listed; i < runs.size(); ++i) rest += runs[i].partly_used_free_bytes;
+    std::printf("  the other %zu runs: %s free in partly used chunks\n", runs.size() - listed,
+                format_bytes(rest).c_str());
+  }
+}
+
 // --peak-anatomy in text, after the table.
 void print_anatomy(const peak_anatomy& a) {
   if (!a.found) {
@@ -352,6 +394,7 @@ void print_anatomy(const peak_anatomy& a) {
   std::printf(k_line, "free bytes in chunks that hold a live block", format_bytes(a.partly_used_free_bytes).c_str());
   std::printf(k_line, "free bytes of plain segments", format_bytes(a.plain_free_bytes).c_str());
   std::printf("  (%zu mapped runs of expandable segments)\n", a.mapped_runs);
+  print_runs_after(a.runs_after);
   if (!a.repeated) {
     std::printf("  warning: the second replay did not reach the same peak at that call; these\n"
                 "  figures describe another layout\n");

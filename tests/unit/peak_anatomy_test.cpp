@@ -55,6 +55,21 @@ std::size_t parts(const peak_anatomy& a) {
          a.plain_free_bytes;
 }
 
+// Checks that each run just after the peak splits into its parts, that the
+// runs come with the most free bytes in partly used chunks first, and
+// returns their bytes in all.
+std::size_t check_runs_after(const peak_anatomy& a) {
+  std::size_t total = 0;
+  for (std::size_t i = 0; i < a.runs_after.size(); ++i) {
+    const peak_run& run = a.runs_after[i];
+    INFO("run " << i);
+    CHECK(run.bytes == run.bytes_in_use + run.idle_chunk_bytes + run.partly_used_free_bytes);
+    if (i > 0) CHECK(a.runs_after[i - 1].partly_used_free_bytes >= run.partly_used_free_bytes);
+    total += run.bytes;
+  }
+  return total;
+}
+
 }  // namespace
 
 TEST_CASE("peak anatomy: plain segments, the allocation that set the peak and what was free before it",
@@ -80,6 +95,7 @@ TEST_CASE("peak anatomy: plain segments, the allocation that set the peak and wh
   CHECK(a.idle_chunk_bytes == 0);
   CHECK(a.mapped_runs == 0);
   CHECK(parts(a) == a.reserved_before);
+  CHECK(a.runs_after.empty());  // plain segments have no mapped runs
 }
 
 TEST_CASE("peak anatomy: expandable segments, idle chunks and free bytes beside a live block",
@@ -105,6 +121,18 @@ TEST_CASE("peak anatomy: expandable segments, idle chunks and free bytes beside 
   CHECK(a.plain_free_bytes == 0);
   CHECK(a.mapped_runs == 1);
   CHECK(parts(a) == a.reserved_before);
+  // The 10 MiB request extended the run (no stitching): the two live
+  // blocks, the idle chunks where the 4 MiB block was, and the free part
+  // of the new block's last chunk.
+  REQUIRE(a.runs_after.size() == 1);
+  const peak_run& run = a.runs_after.front();
+  CHECK(run.bytes == a.reserved_after);
+  CHECK_FALSE(run.small);
+  CHECK(run.blocks_in_use == 2);
+  CHECK(run.idle_chunk_bytes == 4 * k_mib);
+  CHECK(run.partly_used_free_bytes > 0);
+  CHECK(run.partly_used_free_bytes < 2 * k_mib);
+  CHECK(check_runs_after(a) == a.reserved_after);
 }
 
 TEST_CASE("peak anatomy: a trace that reserves nothing has no peak", "[replay][peak_anatomy]") {
@@ -129,6 +157,8 @@ TEST_CASE("peak anatomy: every corpus trace splits reserved memory into its part
     CHECK(a.repeated);
     CHECK(parts(a) == a.reserved_before);
     CHECK(a.reserved_before < a.reserved_after);
+    // With the defaults every reserved byte is in a mapped run.
+    CHECK(check_runs_after(a) == a.reserved_after);
     // The same peak as the measured replay.
     caching_allocator allocator(backend, allocator_config{});
     const replay_result r = replay_trace(events, allocator, path);

@@ -717,6 +717,8 @@ TEST_CASE("streamalloc-replay --peak-anatomy tells where reserved memory stood a
       INFO(line);
       CHECK(run.output.find(line) != std::string::npos);
     }
+    CHECK(run.output.find("Just after it, ") != std::string::npos);
+    CHECK(run.output.find(" run of ") != std::string::npos);
     CHECK(run.output.find("warning") == std::string::npos);
   }
   SECTION("JSON") {
@@ -726,6 +728,8 @@ TEST_CASE("streamalloc-replay --peak-anatomy tells where reserved memory stood a
     CHECK(run.output.find("\"peak_anatomy\": {") != std::string::npos);
     CHECK(json_value(run.output, "repeated") == "true");
     CHECK(json_value(run.output, "reserved_after") == json_value(run.output, "peak_reserved_bytes"));
+    CHECK(run.output.find("\"runs_after\": [{") != std::string::npos);
+    CHECK(json_value(run.output, "blocks_in_use") != "<missing>");
   }
   SECTION("without it, no anatomy") {
     const command_result run = run_replay("--json " + trace);
