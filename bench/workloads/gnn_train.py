@@ -37,7 +37,9 @@ class sage_layer(nn.Module):
 class sage(nn.Module):
     def __init__(self, features, hidden, classes):
         super().__init__()
-        self.layers = nn.ModuleList([sage_layer(features, hidden), sage_layer(hidden, hidden), sage_layer(hidden, classes)])
+        self.layers = nn.ModuleList(
+            [sage_layer(features, hidden), sage_layer(hidden, hidden), sage_layer(hidden, classes)]
+        )
 
     def forward(self, h, source, target):
         in_degree = torch.bincount(target, minlength=h.shape[0]).clamp(min=1).unsqueeze(1).to(h.dtype)

@@ -5,7 +5,7 @@ attention window) answers requests of random batch 1..8, left-padded
 prompts of random length up to 16..768 tokens, with 1..4 sampled answers
 per prompt (top-p 0.9, temperature 0.8) of 32..160 new tokens each, so the
 batch the caches hold is prompts x answers, and the window's layers keep
-only their last 256 positions. About 20-40 s on an H200:
+only their last 256 positions. About 40-65 s on an H200:
 
     python scripts/capture_trace.py -o sampled_generate.trace.csv.gz -- \\
         bench/workloads/sampled_generate.py
@@ -43,7 +43,8 @@ def main():
     p.add_argument("--max-new", type=int, default=160)
     args = p.parse_args()
     if args.tiny:
-        args.max_batch, args.min_prompt, args.max_prompt, args.max_answers, args.min_new, args.max_new = 2, 4, 24, 2, 2, 6
+        args.max_batch, args.min_prompt, args.max_prompt = 2, 4, 24
+        args.max_answers, args.min_new, args.max_new = 2, 2, 6
     w = _workload.run("sampled_generate", args)
 
     config = mistral_config(args.tiny)
