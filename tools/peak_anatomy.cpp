@@ -60,7 +60,7 @@ void count_free(const segment_info& s, std::size_t chunk, peak_anatomy* out) {
 }
 
 // The default pool's mapped runs, most free bytes in partly used chunks first.
-std::vector<peak_run> mapped_runs(const caching_allocator& allocator) {
+std::vector<peak_run> list_mapped_runs(const caching_allocator& allocator) {
   const std::size_t chunk = allocator.config().vmm_chunk_bytes;
   std::vector<peak_run> runs;
   for (const segment_info& s : allocator.snapshot().segments) {
@@ -129,7 +129,7 @@ peak_anatomy examine_reserved_peak(const std::vector<trace_file_event>& events,
     }
     void* ptr = allocator->allocate(e.size, static_cast<stream_handle>(e.stream));
     out.repeated = reserved_now(*allocator) == out.reserved_after;
-    out.runs_after = mapped_runs(*allocator);
+    out.runs_after = list_mapped_runs(*allocator);
     allocator->free(ptr);
     return false;
   }, [](std::uint64_t) {});
