@@ -383,3 +383,52 @@ TEST_CASE("stitching under contention: what the device cannot give is still stit
   f.alloc.free(r.on_s2);
   f.check_consistent();
 }
+
+TEST_CASE("combined calls: a thread without a slot queues on the lock", "[threads][combined]") {
+  sim_fixture f(immediate_events(1_GiB));
+  void* kept = f.alloc.allocate(4_KiB, f.s2);
+
+  // Threads take slots until one finds none left; it makes the call.
+  std::promise<void> release;
+  std::shared_future<void> released = release.get_future().share();
+  std::promise<void> go;
+  std::shared_future<void> may_free = go.get_future().share();
+  std::atomic<bool> freed{false};
+  std::vector<std::thread> holders;
+  bool slotless = false;
+  for (int i = 0; i <= k_combiner_slots && !slotless; ++i) {
+    std::promise<int> slot;
+    std::future<int> got = slot.get_future();
+    holders.emplace_back([&, p = std::move(slot)]() mutable {
+      const int mine = combiner_thread_slot();
+      p.set_value(mine);
+      if (mine < 0) {
+        may_free.wait();
+        f.alloc.free(kept);
+        freed.store(true);
+      }
+      released.wait();
+    });
+    slotless = got.get() < 0;
+  }
+  REQUIRE(slotless);
+
+  gate g;
+  f.sim.on_next_memory_allocation(g.hook());
+  void* grown = nullptr;
+  std::thread holder([&] { grown = f.alloc.allocate(40_MiB, f.s1); });
+  g.wait_until_held();
+  go.set_value();
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  CHECK_FALSE(freed.load());  // waits for the lock, listed nowhere
+  CHECK_FALSE(f.alloc.calls_waiting());
+  g.open();
+  holder.join();
+  release.set_value();
+  for (std::thread& t : holders) t.join();
+  CHECK(freed.load());
+  CHECK_FALSE(f.alloc.owns(kept));
+  CHECK(f.stats().num_combined_calls == 0);
+  f.alloc.free(grown);
+  f.check_consistent();
+}

@@ -114,12 +114,17 @@ void* caching_allocator::allocate(std::size_t bytes, stream_handle stream) {
   }
   const pool_id pool = capturing ? route_capture(stream) : 0;
   if (!mutex_.try_lock()) {
-    combined_call call;
-    call.bytes = bytes;
-    call.stream = stream;
-    call.pool = pool;
-    run_contended(call);
-    return call.ptr;
+    combined_call* call = waiting_calls_.own_call();
+    if (call == nullptr) {
+      locked_call queued(*this);
+      return allocate_locked(bytes, stream, pool);
+    }
+    call->is_free = false;
+    call->bytes = bytes;
+    call->stream = stream;
+    call->pool = pool;
+    run_contended(*call);
+    return call->ptr;
   }
   locked_call call(*this, std::adopt_lock);
   return allocate_locked(bytes, stream, pool);
@@ -131,10 +136,16 @@ void* caching_allocator::allocate(std::size_t bytes, stream_handle stream) {
 // (bench/RESULTS.md, the threads pattern): each holder finds the free
 // sets, blocks and statistics in the cache of the core that held the lock
 // before. So an allocate or free that finds the lock taken does not queue
-// for it: it lists itself (call_combiner) and waits on its own state, and
-// the holder (any locked_call), before it unlocks, runs the listed calls
-// one after another with that state already in its cache and marks each
-// done, its result or exception in the call. One thread at a time still
+// for it: it writes the call into its thread's slot (call_combiner), lists
+// it and waits on the slot's state, and the holder (any locked_call),
+// before it unlocks, scans the slots and runs the listed calls one after
+// another with that state already in its cache and marks each done, its
+// result or exception in the slot. Slots rather than one shared list:
+// with 16 threads the list's head, which every caller wrote, and the walk
+// along its links through the callers' caches took about a quarter of the
+// holder's time (bench/RESULTS.md, thirty-third session). A thread
+// without a slot (more than k_combiner_slots at once) queues on the lock,
+// as does one whose slot went back at its exit. One thread at a time still
 // changes the state, so nothing else changes: each call is a critical
 // section of its own (the lock's section count, Note [repeated reuse],
 // counts it) and sees what it would have seen had it taken the lock
@@ -143,30 +154,36 @@ void* caching_allocator::allocate(std::size_t bytes, stream_handle stream) {
 // calling thread (Note [trace delivery]), and while a graph capture is
 // underway, when device calls made on the capturing thread for another
 // thread's request could join the capture or be refused. Each change of
-// holder moves that state to another core, so a holder keeps emptying the
-// list until it has run k_combined_calls_per_hold calls (plus those of its
-// last take), which bounds how long its own caller is held up: 0.16-0.21
-// ms with 16 threads on the H200's host (bench/RESULTS.md, fourteenth
-// session). A waiter still listed after k_waiting_spins polls takes the
-// lock itself, sleeping if it must.
+// holder moves that state to another core, so a holder keeps scanning
+// until it has run k_combined_calls_per_hold calls (plus those of its last
+// scan), which bounds how long its own caller is held up: 0.16-0.21 ms
+// with 16 threads on the H200's host (bench/RESULTS.md, fourteenth
+// session). The holder scans while a hint says a call was listed since its
+// last scan; the hint may miss a call listed during a scan, so a waiter
+// does not count on it: it takes the lock itself once the lock is free, or
+// after k_waiting_spins polls, sleeping if it must. A waiter that took the
+// lock and finds its call done runs the listed calls before it leaves.
 void caching_allocator::run_contended(combined_call& own) {
+  own.error = nullptr;
   if (!await_holder(own)) {
     locked_call call(*this, std::adopt_lock);
-    if (own.poll() == call_combiner::call::waiting) {
-      run_waiting_locked(&own);
-    } else {
-      run_one_locked(own);
-    }
+    // Listed or declined, it is this thread's to run now.
+    own.state.store(combiner_call::idle, std::memory_order_relaxed);
+    run_one_locked(own);
   }
-  if (own.error) std::rethrow_exception(own.error);
+  if (own.error) {
+    std::exception_ptr error = std::move(own.error);
+    own.error = nullptr;
+    std::rethrow_exception(error);
+  }
 }
 
 bool caching_allocator::await_holder(combined_call& own) {
-  waiting_calls_.add(&own);
+  waiting_calls_.list(own);
   for (int spin = 0;; ++spin) {
     const int state = own.poll();
-    if (state == call_combiner::call::done) return true;
-    if (state == call_combiner::call::declined) {
+    if (state == combiner_call::done) return true;
+    if (state == combiner_call::declined) {
       mutex_.lock();
       return false;
     }
@@ -178,37 +195,30 @@ bool caching_allocator::await_holder(combined_call& own) {
     }
     // A holder finishes every call it took before it unlocks: `own` is done
     // or still listed.
-    if (own.poll() != call_combiner::call::done) return false;
-    mutex_.unlock();
+    if (own.poll() != combiner_call::done) return false;
+    // Holding the lock anyway: run what others listed before leaving.
+    locked_call call(*this, std::adopt_lock);
     return true;
   }
 }
 
-void caching_allocator::run_waiting_locked(combined_call* own) {
+void caching_allocator::run_waiting_locked() {
+  int taken[k_combiner_slots];
   int ran = 0;
-  while (ran < k_combined_calls_per_hold) {
-    call_combiner::call* next = waiting_calls_.take_all();
-    if (next == nullptr) return;
-    while (next != nullptr) {
+  while (ran < k_combined_calls_per_hold && waiting_calls_.maybe_listed()) {
+    const int n = waiting_calls_.take(taken);
+    for (int i = 0; i < n; ++i) {
+      combined_call& c = waiting_calls_.at(taken[i]);
       ++ran;
-      auto& c = static_cast<combined_call&>(*next);
-      next = c.next;  // before c finishes: its caller may return at once
-      // The next call was written on its caller's core: fetch it meanwhile.
-      if (next != nullptr) __builtin_prefetch(next);
-      if (&c == own) {
-        mutex_.count_section();
-        running_listed_call_ = next != nullptr;
-        run_one_locked(c);
-        running_listed_call_ = false;
-      } else if (listener_ == nullptr && capture_count_.load(std::memory_order_relaxed) == 0) {
+      if (listener_ == nullptr && capture_count_.load(std::memory_order_relaxed) == 0) {
         mutex_.count_section();
         running_listed_call_ = true;
         run_one_locked(c);
         running_listed_call_ = false;
         ++stats_.num_combined_calls;
-        c.finish(call_combiner::call::done);
+        waiting_calls_.finish(taken[i], combiner_call::done);
       } else {
-        c.finish(call_combiner::call::declined);
+        waiting_calls_.finish(taken[i], combiner_call::declined);
       }
     }
   }
@@ -649,10 +659,15 @@ void caching_allocator::free(void* ptr) {
   if (ptr == nullptr) return;
   if (repeat_.park(ptr, mutex_.acquisitions())) return;
   if (!mutex_.try_lock()) {
-    combined_call call;
-    call.is_free = true;
-    call.ptr = ptr;
-    run_contended(call);
+    combined_call* call = waiting_calls_.own_call();
+    if (call == nullptr) {
+      locked_call queued(*this);
+      free_locked(ptr);
+      return;
+    }
+    call->is_free = true;
+    call->ptr = ptr;
+    run_contended(*call);
     return;
   }
   locked_call call(*this, std::adopt_lock);

@@ -186,7 +186,7 @@ class caching_allocator {
   void unlock_after_fork();
   // Whether a call waits for the lock's holder to run it (Note [combined
   // calls]); read without the lock, for tests that stage a combined call.
-  bool calls_waiting() const { return !waiting_calls_.empty(); }
+  bool calls_waiting() const { return waiting_calls_.any_listed(); }
   // How many critical sections have begun; read without the lock, for
   // tests of Note [repeats without the lock], whose calls begin none.
   std::uint64_t critical_sections() const { return mutex_.acquisitions(); }
@@ -228,7 +228,7 @@ class caching_allocator {
     // For a lock this thread has just taken.
     locked_call(caching_allocator& owner, std::adopt_lock_t) : owner_(owner) {}
     ~locked_call() {
-      if (!owner_.waiting_calls_.empty()) owner_.run_waiting_locked(nullptr);
+      if (owner_.waiting_calls_.maybe_listed()) owner_.run_waiting_locked();
       if (owner_.trace_events_.empty()) {
         owner_.mutex_.unlock();
       } else {
@@ -243,7 +243,7 @@ class caching_allocator {
   };
   // Note [combined calls]: an allocate or a free, run under the lock by
   // its caller or by the thread holding the lock when it came.
-  struct combined_call : call_combiner::call {
+  struct combined_call : combiner_call {
     bool is_free = false;
     std::size_t bytes = 0;  // allocate
     stream_handle stream = 0;
@@ -259,14 +259,13 @@ class caching_allocator {
   // the lock is not held; false: this thread holds the lock, and `own` is
   // still listed (state waiting) or was left to it (declined).
   bool await_holder(combined_call& own);
-  // Runs the listed calls (`own`, when listed, among them: not finished,
-  // its caller is this thread), each a critical section of its own.
-  void run_waiting_locked(combined_call* own);
+  // Runs the listed calls, each a critical section of its own.
+  void run_waiting_locked();
   void run_one_locked(combined_call& c);
   // Whether another thread waits for the call under way to finish: calls
   // are listed, or the holder is running a listed call (Note [stitching
   // under contention]).
-  bool others_waiting_locked() const { return running_listed_call_ || !waiting_calls_.empty(); }
+  bool others_waiting_locked() const { return running_listed_call_ || waiting_calls_.any_listed(); }
   void free_locked(void* ptr);
   // Note [repeats without the lock]: frees the block parked in repeat_, if
   // any, first thing in a critical section that allocates, frees or reads.
@@ -523,9 +522,9 @@ class caching_allocator {
   allocator_config config_;  // update_config changes some fields
   size_policy policy_;       // reads config_
   mutable adaptive_mutex mutex_;
-  call_combiner waiting_calls_;
-  // Set while the holder runs a call whose caller, or whose successors in
-  // the holder's batch, wait for it (others_waiting_locked).
+  call_combiner<combined_call> waiting_calls_;
+  // Set while the holder runs a call whose caller waits for it
+  // (others_waiting_locked).
   bool running_listed_call_ = false;
   int fork_parent_pid_ = 0;  // the process that called lock_for_fork
   // Note [trace delivery]: the listener and the events of the call under
