@@ -161,8 +161,7 @@ void* caching_allocator::allocate(std::size_t bytes, stream_handle stream) {
 // session). The holder scans while a hint says a call was listed since its
 // last scan; the hint may miss a call listed during a scan, so a waiter
 // does not count on it: it takes the lock itself once the lock is free, or
-// after k_waiting_spins polls, sleeping if it must. A waiter that took the
-// lock and finds its call done runs the listed calls before it leaves.
+// after k_waiting_spins polls, sleeping if it must.
 void caching_allocator::run_contended(combined_call& own) {
   own.error = nullptr;
   if (!await_holder(own)) {
@@ -196,8 +195,7 @@ bool caching_allocator::await_holder(combined_call& own) {
     // A holder finishes every call it took before it unlocks: `own` is done
     // or still listed.
     if (own.poll() != combiner_call::done) return false;
-    // Holding the lock anyway: run what others listed before leaving.
-    locked_call call(*this, std::adopt_lock);
+    mutex_.unlock();
     return true;
   }
 }
