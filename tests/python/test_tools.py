@@ -1,15 +1,19 @@
 """The tools a user touches, on any machine: plot_replay.py's one-line
-error without matplotlib, the version the tools print, and the build
-backend's message without scikit-build-core and its wheel version."""
+error without matplotlib, the version the tools print, the build
+backend's message without scikit-build-core and its wheel version; and
+the developers' sampling profiler, scripts/pc-sampler."""
 
 from __future__ import annotations
 
 import importlib.util
 import re
+import shutil
 import subprocess
 import sys
 import types
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 VERSION = re.search(r"project\(streamalloc\s+VERSION\s+([0-9.]+)", (REPO / "CMakeLists.txt").read_text()).group(1)
@@ -76,3 +80,53 @@ def test_scripts_print_the_version():
         run = subprocess.run([sys.executable, str(REPO / "scripts" / script), "--version"],
                              capture_output=True, text=True, check=True)
         assert run.stdout.strip() == f"{script} {VERSION}"
+
+
+SAMPLED_PROGRAM = r"""
+#include <pthread.h>
+#include <stdio.h>
+
+__attribute__((noinline)) unsigned long spin_in_worker(unsigned long rounds) {
+  volatile unsigned long sum = 0;
+  for (unsigned long i = 0; i < rounds; ++i) sum += i;
+  return sum;
+}
+
+static void* worker(void* arg) {
+  (void)arg;
+  spin_in_worker(200000000UL);
+  return NULL;
+}
+
+int main(void) {
+  pthread_t threads[2];
+  for (int i = 0; i < 2; ++i) pthread_create(&threads[i], NULL, worker, NULL);
+  for (int i = 0; i < 2; ++i) pthread_join(threads[i], NULL);
+  puts("done");
+  return 0;
+}
+"""
+
+
+def test_pc_sampler_finds_where_started_threads_spend_their_time(tmp_path):
+    missing = [tool for tool in ("gcc", "g++", "addr2line") if shutil.which(tool) is None]
+    if missing:
+        pytest.skip("scripts/pc-sampler needs " + ", ".join(missing))
+    program = tmp_path / "spin"
+    (tmp_path / "spin.c").write_text(SAMPLED_PROGRAM)
+    subprocess.run(["gcc", "-O1", "-g", "-pthread", "-o", str(program), str(tmp_path / "spin.c")], check=True)
+    report = tmp_path / "report.txt"
+    run = subprocess.run([str(REPO / "scripts" / "pc-sampler" / "run.sh"), str(report), str(program)],
+                         capture_output=True, text=True, env={"PC_SAMPLER_US": "500", "PATH": "/usr/bin:/bin"})
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "done"
+    text = report.read_text()
+    lines = text.splitlines()
+    first = lines.index("innermost function:") + 1
+    innermost = [line.split(maxsplit=2) for line in lines[first:lines.index("", first)]]
+    # The started threads are sampled where they spin; the main thread
+    # waits in libc's join meanwhile.
+    outside_libc = [(int(count), name) for count, _, name in innermost if "(libc" not in name]
+    assert outside_libc, text
+    assert outside_libc[0][1] == "spin_in_worker", text
+    assert outside_libc[0][0] > 100, text
