@@ -127,6 +127,19 @@ def test_accelerator_api_reports_streamalloc(torch_api):
     assert ours["accelerator_peak_after_reset"] == ours["cuda_peak_after_reset"]
 
 
+def test_accelerator_cumulative_counters_like_torch(torch_api):
+    # The sequence of torch's test_accelerator.py test_memory_stats: after
+    # reset_accumulated_memory_stats, one 1 KiB tensor is 1024 active bytes
+    # and, freed and the cache emptied, 1024 freed ones.
+    for mode in ("native", "streamalloc"):
+        run = torch_api[mode]
+        assert run["kib_active_rise"] == 1024, mode
+        assert run["kib_active_freed_while_live"] == 0, mode
+        assert run["kib_active_rise_after_free"] == 0, mode
+        assert run["kib_active_freed"] == run["kib_allocated_freed"] == 1024, mode
+        assert run["kib_reserved_back"], mode
+
+
 def test_settings_at_run_time(torch_api):
     ours, native = torch_api["streamalloc"], torch_api["native"]
     # streamalloc reports the limit in force; torch's native allocator keeps

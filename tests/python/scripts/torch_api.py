@@ -31,6 +31,27 @@ result["cuda_peak_after_reset"] = torch.cuda.max_memory_allocated()
 torch.accelerator.empty_cache()
 result["reserved_after_accelerator_empty_cache"] = torch.cuda.memory_reserved()
 
+# --- the cumulative counters through torch.accelerator, as torch's own
+# test_accelerator.py reads them: one 1 KiB tensor after a reset (a first
+# randn, freed and the cache emptied, as in that test)
+warm = torch.randn(100, device="cuda")
+del warm
+torch.accelerator.empty_cache()
+torch.accelerator.reset_accumulated_memory_stats()
+active_before = torch.accelerator.memory_stats()["active_bytes.all.current"]
+reserved_before = torch.accelerator.memory_reserved()
+kib = torch.randn(256, device="cuda")
+live = torch.accelerator.memory_stats()
+result["kib_active_rise"] = live["active_bytes.all.current"] - active_before
+result["kib_active_freed_while_live"] = live["active_bytes.all.freed"]
+del kib
+torch.accelerator.empty_cache()
+after = torch.accelerator.memory_stats()
+result["kib_active_rise_after_free"] = after["active_bytes.all.current"] - active_before
+result["kib_active_freed"] = after["active_bytes.all.freed"]
+result["kib_allocated_freed"] = after["allocated_bytes.all.freed"]
+result["kib_reserved_back"] = torch.accelerator.memory_reserved() == reserved_before
+
 # --- run-time settings
 torch.cuda.memory._set_allocator_settings("max_split_size_mb:64")
 result["max_split_size"] = torch.cuda.memory_stats()["max_split_size"]
