@@ -625,6 +625,44 @@ TEST_CASE("expandable: plain segments when turned off or unsupported", "[expanda
   }
 }
 
+TEST_CASE("expandable: max_split_size leaves every free run to every request", "[expandable]") {
+  // Note [max_split in expandable segments]: torch's rules would refuse the
+  // freed 100 MiB run to a request below the 40 MiB limit and to one more
+  // than max_non_split_rounding smaller, and the range would grow.
+  allocator_config c;
+  c.max_split_bytes = 40_MiB;
+  sim_fixture f(vmm_device(), c);
+  void* big = f.alloc.allocate(100_MiB, f.s1);
+  CHECK(f.stats().oversize_allocations.current == 1);
+  f.alloc.free(big);
+  const std::int64_t reserved_before = reserved(f);
+  const std::int64_t maps_before = f.stats().num_chunk_maps;
+  void* below = f.alloc.allocate(10_MiB, f.s1);
+  void* oversize = f.alloc.allocate(60_MiB, f.s1);
+  CHECK(reserved(f) == reserved_before);
+  CHECK(f.stats().num_chunk_maps == maps_before);
+  for (void* p : {below, oversize}) {
+    CHECK(addr(p) >= addr(big));
+    CHECK(addr(p) + f.alloc.allocation_size(p) <= addr(big) + 100_MiB);
+  }
+  CHECK(f.stats().oversize_allocations.current == 1);  // the 60 MiB request
+  f.check_consistent();
+  f.alloc.free(below);
+  f.alloc.free(oversize);
+
+  // A loop crossing the limit both ways keeps the memory of its first pass.
+  for (int round = 0; round < 20; ++round) {
+    void* whole = f.alloc.allocate(100_MiB, f.s1);
+    f.alloc.free(whole);
+    void* a = f.alloc.allocate(24_MiB, f.s1);
+    void* b = f.alloc.allocate(48_MiB, f.s1);
+    void* d = f.alloc.allocate(6_MiB, f.s1);
+    for (void* p : {a, b, d}) f.alloc.free(p);
+  }
+  CHECK(reserved(f) == reserved_before);
+  f.check_consistent();
+}
+
 TEST_CASE("expandable: graph-capture pools keep plain segments", "[expandable]") {
   sim_fixture f(vmm_device());
   void* outside = f.alloc.allocate(3_MiB, f.s2);

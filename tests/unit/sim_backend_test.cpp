@@ -1438,6 +1438,16 @@ TEST_CASE("util: out_of_memory message names every figure", "[errors]") {
 
   const std::bad_alloc& base = error;
   CHECK(std::string(base.what()) == message);
+
+  // Where the pool grows expandable segments, max_split_size_mb does not
+  // bind (Note [max_split in expandable segments]): the hint leaves it out.
+  context.expandable_segments = true;
+  const std::string expandable_message = out_of_memory(context).what();
+  const std::string hint =
+      " The reserved but unallocated memory is fragmented: call empty_cache() to return cached segments to the device.";
+  REQUIRE(expandable_message.size() > hint.size());
+  CHECK(expandable_message.substr(expandable_message.size() - hint.size()) == hint);
+  CHECK(expandable_message.find("max_split_size_mb") == std::string::npos);
 }
 
 TEST_CASE("util: out_of_memory mentions the fraction cap and skips the hint when not fragmented", "[errors]") {

@@ -231,8 +231,8 @@ constexpr key_handler k_handlers[] = {
     size_key("large_round_mb", "Segments of their own are rounded up to a multiple of this many MiB (default 2).",
              &allocator_config::large_round_bytes, "large_round_bytes", 1_MiB, "MiB"),
     {"max_split_size_mb",
-     "PyTorch's key: cached blocks of at least this many MiB are never split; at least large_segment_mb, or "
-     "'unlimited' (default unlimited).",
+     "PyTorch's key: cached blocks of plain segments of at least this many MiB are never split (those of "
+     "expandable segments serve any request); at least large_segment_mb, or 'unlimited' (default unlimited).",
      [](allocator_config& c, std::string_view v) {
        c.max_split_bytes = v == k_unlimited_text ? k_unlimited : parse_scaled("max_split_size_mb", v, 1_MiB, "MiB");
      },

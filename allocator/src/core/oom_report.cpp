@@ -66,8 +66,7 @@ std::string suggest(const oom_report& r, bool expandable_segments) {
       }
       return format_bytes(r.unallocated_bytes) + " is reserved but unallocated in pieces of at most " +
              format_bytes(c.largest_free_block_bytes) +
-             ": call torch.cuda.empty_cache() between program phases that allocate different shapes "
-             "(or set max_split_size_mb:<MB> so blocks above it are never split).";
+             ": call torch.cuda.empty_cache() between program phases that allocate different shapes.";
     case oom_case::outside_memory:
       return format_bytes(r.outside_bytes) + " of " + gpu +
              " is used outside streamalloc (other processes, other allocators, the CUDA context), more than "

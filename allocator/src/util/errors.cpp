@@ -102,8 +102,11 @@ std::string oom_message(const oom_context& c) {
   // Enough bytes are cached in total but no single block holds the request:
   // the cache is fragmented rather than the device being full.
   if (unallocated >= c.requested_bytes && c.largest_free_block_bytes < c.requested_bytes) {
-    m += " The reserved but unallocated memory is fragmented: set STREAMALLOC_CONF=max_split_size_mb:<MB> so large "
-         "cached blocks are not split, or call empty_cache() to return cached segments to the device.";
+    m += " The reserved but unallocated memory is fragmented: ";
+    if (!c.expandable_segments) {
+      m += "set STREAMALLOC_CONF=max_split_size_mb:<MB> so large cached blocks are not split, or ";
+    }
+    m += "call empty_cache() to return cached segments to the device.";
   }
   return m;
 }

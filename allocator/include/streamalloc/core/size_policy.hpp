@@ -42,8 +42,9 @@ class size_policy {
   // coalesces with its neighbours instead of being stranded in a segment.
   bool should_split(std::size_t block_size, std::size_t rounded, bool small, bool expandable) const;
   bool is_oversize(std::size_t bytes) const { return bytes >= config_->max_split_bytes; }
-  // Whether a cached block of `block_size` may serve `rounded` at all.
-  bool may_reuse(std::size_t block_size, std::size_t rounded) const;
+  // Whether a cached block of `block_size` (in an expandable segment or
+  // not) may serve `rounded` at all.
+  bool may_reuse(std::size_t block_size, std::size_t rounded, bool expandable) const;
 
  private:
   const allocator_config* config_;
@@ -60,7 +61,10 @@ inline bool size_policy::should_split(std::size_t block_size, std::size_t rounde
   return !is_oversize(rounded) && remaining > plain_small_bytes_;
 }
 
-inline bool size_policy::may_reuse(std::size_t block_size, std::size_t rounded) const {
+inline bool size_policy::may_reuse(std::size_t block_size, std::size_t rounded, bool expandable) const {
+  // Note [max_split in expandable segments] (caching_allocator.cpp): a
+  // block of an expandable segment serves any request.
+  if (expandable) return true;
   // Oversize blocks are kept whole for oversize requests only, and not for
   // one much smaller than the block (that would strand the difference).
   if (!is_oversize(rounded)) return !is_oversize(block_size);

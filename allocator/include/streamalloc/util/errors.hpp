@@ -28,6 +28,10 @@ struct oom_context {
   // torch's message counts as allocated.
   std::size_t private_pool_cached_bytes = 0;
   int device = 0;
+  // Whether the request's pool grows expandable segments: its fragmentation
+  // advice then leaves out max_split_size_mb, which does not bind there
+  // (Note [max_split in expandable segments] in caching_allocator.cpp).
+  bool expandable_segments = false;
   // The processes holding memory on the device (empty: unknown), in the
   // driver's order; the message names each and "this process".
   std::vector<device_process> processes;
