@@ -810,6 +810,30 @@ TEST_CASE("expandable fault: reserving a range fails", "[expandable][fault]") {
   f.alloc.free(p);
 }
 
+TEST_CASE("expandable: a range reserves four times the device's memory of address space", "[expandable]") {
+  // Note [address space]
+  sim_fixture f(vmm_device(8_GiB));
+  void* p = f.alloc.allocate(4_MiB, f.s1);
+  CHECK(f.sim.live_ranges() == 1);
+  CHECK(f.sim.reserved_address_bytes() == caching_allocator::k_address_space_per_device_memory * 8_GiB);
+  CHECK(reserved(f) == static_cast<std::int64_t>(4_MiB));
+  f.alloc.free(p);
+}
+
+TEST_CASE("expandable fault: a driver short of address space gets ranges the size of the device",
+          "[expandable][fault]") {
+  sim_fixture f(vmm_device(8_GiB));
+  f.sim.fail_nth(sim_fault_point::vm_reserve, 1);
+  void* large = f.alloc.allocate(4_MiB, f.s1);
+  CHECK(f.sim.reserved_address_bytes() == 8_GiB);
+  void* small = f.alloc.allocate(4_KiB, f.s1);  // the small range: device-sized from the start
+  CHECK(f.sim.live_ranges() == 2);
+  CHECK(f.sim.reserved_address_bytes() == 16_GiB);
+  f.check_consistent();
+  f.alloc.free(large);
+  f.alloc.free(small);
+}
+
 TEST_CASE("expandable fault: unmapping fails during stitching and empty_cache", "[expandable][fault]") {
   sim_fixture f(vmm_device());
   const std::vector<void*> kept = make_two_holes(f, f.s1);

@@ -758,6 +758,13 @@ std::size_t sim_backend::live_ranges() const {
   return ranges_.size();
 }
 
+std::size_t sim_backend::reserved_address_bytes() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::size_t bytes = 0;
+  for (const auto& [base, range] : ranges_) bytes += range.bytes;
+  return bytes;
+}
+
 std::size_t sim_backend::live_chunks() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return chunks_.size();

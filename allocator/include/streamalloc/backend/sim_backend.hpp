@@ -162,6 +162,7 @@ class sim_backend final : public device_backend {
   std::size_t live_segments() const;
   std::size_t live_events() const;
   std::size_t live_ranges() const;
+  std::size_t reserved_address_bytes() const;  // of the live ranges
   std::size_t live_chunks() const;
   std::size_t mapped_chunks() const;
   std::size_t live_touches() const;  // touches not yet retired

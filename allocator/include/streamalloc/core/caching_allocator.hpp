@@ -150,6 +150,9 @@ class caching_allocator {
   // allocated memory may make in all, back to back or not; a bound on the
   // stream synchronizations one repeating stitch costs.
   static constexpr int k_stitches_per_key = 64;
+  // Address space reserved per expandable range, in multiples of the
+  // device's memory (Note [address space] in expandable_segments.cpp).
+  static constexpr std::size_t k_address_space_per_device_memory = 4;
 
   // --- introspection ---
   device_stats stats() const;
@@ -548,7 +551,8 @@ class caching_allocator {
   // expandable_range's (segment::range).
   bool expandable_ = false;
   std::size_t chunk_bytes_ = 0;
-  std::size_t range_bytes_ = 0;
+  std::size_t range_bytes_ = 0;         // address space reserved per range (Note [address space])
+  std::size_t device_range_bytes_ = 0;  // the device's memory, in chunks
   std::vector<int> peers_;
   pool_pair unmapped_{&set_nodes_, config_.min_block_bytes};
   // Note [stitch cycles]: how many separate runs each stitch (a request
