@@ -446,16 +446,16 @@ block* caching_allocator::search_further_locked(std::size_t bytes, std::size_t r
 // neighbours coalesce and its idle chunks can be unmapped or stitched, so
 // the rule guards nothing there. Kept, it refused each free run that had
 // coalesced past the limit to every smaller request, which grew the range
-// instead, and the new memory joined the refused run once freed: with
+// instead, and the new memory joined the refused run once freed. With
 // max_split_size_mb set (a key PyTorch users know, taken from
 // STREAMALLOC_CONF, install() and torch.cuda.memory._set_allocator_settings)
-// the corpus replayed with medians 1.1542,
-// 1.0244, 1.0207 and 1.0130 at 20, 64, 128 and 512 MiB, its worst trace
-// reserving 174.95, 95.24, 34.03 and 13.47 times its live peak (bert_serve;
-// resnet50_fixed_batch at 512). So a block of an expandable segment serves
-// any request, and each of those settings replays as the defaults do.
-// Plain segments (expandable_segments:False, private pools) keep torch's
-// rules; the oversize statistics count as torch counts.
+// the corpus replayed with medians 1.1542, 1.0244, 1.0207 and 1.0130 at
+// 20, 64, 128 and 512 MiB, its worst trace reserving 174.95, 95.24, 34.03
+// and 13.47 times its live peak (bert_serve; resnet50_fixed_batch at 512).
+// So a block of an expandable segment serves any request, and each of
+// those settings replays as the defaults do. Plain segments
+// (expandable_segments:False, private pools) keep torch's rules; the
+// oversize statistics count as torch counts.
 block* caching_allocator::find_free_block_locked(free_block_index& free_set, std::size_t rounded, stream_handle stream) {
   block* b = usable_fit_locked(free_set, rounded, stream);
   if (b == nullptr || !policy_.may_reuse(b->size, rounded, b->owner->expandable())) return nullptr;
