@@ -100,6 +100,21 @@ std::vector<fs::path> corpus_traces() {
   return traces;
 }
 
+// Replays `events` on a fresh simulated device of `capacity_bytes` with the
+// default settings; the allocator's invariants are checked at the end.
+replay_result replay_on_device_of(std::size_t capacity_bytes, std::vector<trace_file_event> events,
+                                  const std::string& path) {
+  sim_config device;
+  device.capacity_bytes = capacity_bytes;
+  device.events_complete_immediately = true;
+  sim_backend backend(device);
+  remap_streams_to_sim(events, backend);
+  caching_allocator allocator(backend, allocator_config{});
+  const replay_result result = replay_trace(events, allocator, path);
+  allocator.validate();
+  return result;
+}
+
 }  // namespace
 
 TEST_CASE("every trace of the corpus replays within the reserved-memory target", "[replay][corpus][slow]") {
@@ -110,15 +125,8 @@ TEST_CASE("every trace of the corpus replays within the reserved-memory target",
   for (const fs::path& path : traces) {
     const std::string name = corpus_name(path);
     INFO(name);
-    std::vector<trace_file_event> events = load_trace(path.string());
-    sim_config device;
-    device.capacity_bytes = k_h200_bytes;
-    device.events_complete_immediately = true;
-    sim_backend backend(device);
-    remap_streams_to_sim(events, backend);
-    caching_allocator allocator(backend, allocator_config{});
-    const replay_result result = replay_trace(events, allocator, path.string());
-    REQUIRE_NOTHROW(allocator.validate());
+    replay_result result;
+    REQUIRE_NOTHROW(result = replay_on_device_of(k_h200_bytes, load_trace(path.string()), path.string()));
     CAPTURE(result.frag_ratio, result.native_frag_ratio, result.stitched_blocks);
     CHECK(result.peak_allocated_bytes == result.trace_peak_live_bytes);
     CHECK(result.frag_ratio >= 1.0);
@@ -133,21 +141,6 @@ TEST_CASE("every trace of the corpus replays within the reserved-memory target",
   CAPTURE(median, ratios.back());
   CHECK(median <= k_corpus_median_target);
 }
-
-namespace {
-
-replay_result replay_on_device_of(std::size_t capacity_bytes, std::vector<trace_file_event> events,
-                                  const std::string& path) {
-  sim_config device;
-  device.capacity_bytes = capacity_bytes;
-  device.events_complete_immediately = true;
-  sim_backend backend(device);
-  remap_streams_to_sim(events, backend);
-  caching_allocator allocator(backend, allocator_config{});
-  return replay_trace(events, allocator, path);
-}
-
-}  // namespace
 
 TEST_CASE("a trace replays the same on a device little larger than its peak", "[replay][corpus][slow]") {
   // Note [address space]: with ranges the size of the device, a program
