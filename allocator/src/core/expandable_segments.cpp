@@ -368,9 +368,10 @@ segment* caching_allocator::reserve_range_locked(std::size_t rounded, bool small
   if (rounded > bytes && !round_up_checked(rounded, chunk_bytes_, &bytes)) return nullptr;
   status st;
   std::unique_ptr<expandable_range> range = expandable_range::reserve(backend_, bytes, chunk_bytes_, peers_, &st);
-  if (range == nullptr && st.code() == status_code::out_of_memory && range_bytes_ > device_range_bytes_) {
-    // Note [address space]: a driver short of address space gets ranges
-    // the size of the device from now on.
+  if (range == nullptr && range_bytes_ > device_range_bytes_) {
+    // Note [address space]: a driver that refuses that much address space,
+    // for want of it or otherwise, gets ranges the size of the device from
+    // now on; should that fail too, the failure is handled as before.
     range_bytes_ = device_range_bytes_;
     bytes = range_bytes_;
     if (rounded > bytes && !round_up_checked(rounded, chunk_bytes_, &bytes)) return nullptr;
