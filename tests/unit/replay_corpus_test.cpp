@@ -100,16 +100,17 @@ std::vector<fs::path> corpus_traces() {
   return traces;
 }
 
-// Replays `events` on a fresh simulated device of `capacity_bytes` with the
-// default settings; the allocator's invariants are checked at the end.
+// Replays `events` on a fresh simulated device of `capacity_bytes` with
+// `config` (the defaults unless given); the allocator's invariants are
+// checked at the end.
 replay_result replay_on_device_of(std::size_t capacity_bytes, std::vector<trace_file_event> events,
-                                  const std::string& path) {
+                                  const std::string& path, const allocator_config& config = allocator_config{}) {
   sim_config device;
   device.capacity_bytes = capacity_bytes;
   device.events_complete_immediately = true;
   sim_backend backend(device);
   remap_streams_to_sim(events, backend);
-  caching_allocator allocator(backend, allocator_config{});
+  caching_allocator allocator(backend, config);
   const replay_result result = replay_trace(events, allocator, path);
   allocator.validate();
   return result;
@@ -155,6 +156,20 @@ TEST_CASE("a trace replays the same on a device little larger than its peak", "[
     replay_result tight;
     REQUIRE_NOTHROW(tight = replay_on_device_of(tight_bytes, events, path.string()));
     CHECK(tight.peak_reserved_bytes == roomy.peak_reserved_bytes);
+  }
+}
+
+TEST_CASE("max_split_size_mb leaves a trace's reserved memory as the defaults do", "[replay][corpus][slow]") {
+  // Note [max_split in expandable segments]: with torch's rule in
+  // expandable segments, bert_serve reserved 95 times its live peak at
+  // 64 MiB.
+  const allocator_config max_split = allocator_config::parse("max_split_size_mb:64");
+  for (const fs::path& path : corpus_traces()) {
+    INFO(corpus_name(path));
+    const std::vector<trace_file_event> events = load_trace(path.string());
+    const replay_result defaults = replay_on_device_of(k_h200_bytes, events, path.string());
+    const replay_result limited = replay_on_device_of(k_h200_bytes, events, path.string(), max_split);
+    CHECK(limited.peak_reserved_bytes == defaults.peak_reserved_bytes);
   }
 }
 
