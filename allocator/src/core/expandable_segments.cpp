@@ -196,13 +196,16 @@ void caching_allocator::init_expandable_locked() {
                        "'s virtual-memory granularity (" + std::to_string(granularity) + " bytes)");
   }
   chunk_bytes_ = config_.vmm_chunk_bytes;
-  if (!round_up_checked(std::max(device_total_bytes_, chunk_bytes_), chunk_bytes_, &device_range_bytes_)) {
-    device_range_bytes_ = chunk_bytes_;
-  }
   // Note [address space]
-  range_bytes_ = device_range_bytes_ <= std::numeric_limits<std::size_t>::max() / k_address_space_per_device_memory
-                     ? device_range_bytes_ * k_address_space_per_device_memory
-                     : device_range_bytes_;
+  const std::size_t device_sized = device_range_bytes();
+  range_bytes_ = device_sized <= std::numeric_limits<std::size_t>::max() / k_address_space_per_device_memory
+                     ? device_sized * k_address_space_per_device_memory
+                     : device_sized;
+}
+
+std::size_t caching_allocator::device_range_bytes() const {
+  std::size_t bytes = 0;
+  return round_up_checked(std::max(device_total_bytes_, chunk_bytes_), chunk_bytes_, &bytes) ? bytes : chunk_bytes_;
 }
 
 block* caching_allocator::grow_expandable_locked(std::size_t rounded, stream_handle stream, bool small, bool may_stitch) {
@@ -368,11 +371,11 @@ segment* caching_allocator::reserve_range_locked(std::size_t rounded, bool small
   if (rounded > bytes && !round_up_checked(rounded, chunk_bytes_, &bytes)) return nullptr;
   status st;
   std::unique_ptr<expandable_range> range = expandable_range::reserve(backend_, bytes, chunk_bytes_, peers_, &st);
-  if (range == nullptr && range_bytes_ > device_range_bytes_) {
+  if (range == nullptr && range_bytes_ > device_range_bytes()) {
     // Note [address space]: a driver that refuses that much address space,
     // for want of it or otherwise, gets ranges the size of the device from
     // now on; should that fail too, the failure is handled as before.
-    range_bytes_ = device_range_bytes_;
+    range_bytes_ = device_range_bytes();
     bytes = range_bytes_;
     if (rounded > bytes && !round_up_checked(rounded, chunk_bytes_, &bytes)) return nullptr;
     range = expandable_range::reserve(backend_, bytes, chunk_bytes_, peers_, &st);

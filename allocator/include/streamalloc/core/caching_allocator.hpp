@@ -313,6 +313,9 @@ class caching_allocator {
   // --- settings at run time ---
   // Chunk and range sizes of expandable segments, once, when first enabled.
   void init_expandable_locked();
+  // The device's memory in whole chunks: a range's size once the driver
+  // refused more (Note [address space]).
+  std::size_t device_range_bytes() const;
   // Recounts the oversize stats after max_split_bytes changed.
   void recount_oversize_locked();
   // Best fit of `stream` in `set` among the blocks new requests may use
@@ -551,8 +554,7 @@ class caching_allocator {
   // expandable_range's (segment::range).
   bool expandable_ = false;
   std::size_t chunk_bytes_ = 0;
-  std::size_t range_bytes_ = 0;         // address space reserved per range (Note [address space])
-  std::size_t device_range_bytes_ = 0;  // the device's memory, in chunks
+  std::size_t range_bytes_ = 0;  // address space reserved per range (Note [address space])
   std::vector<int> peers_;
   pool_pair unmapped_{&set_nodes_, config_.min_block_bytes};
   // Note [stitch cycles]: how many separate runs each stitch (a request
