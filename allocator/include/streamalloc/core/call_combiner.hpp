@@ -73,8 +73,7 @@ class call_combiner {
     int n = 0;
     const int in_use = combiner_slots_in_use();
     for (int i = 0; i < in_use; ++i) {
-      if (slots_[i].call.state.load(std::memory_order_seq_cst) == combiner_call::waiting &&
-          !taken_[i].load(std::memory_order_relaxed)) {
+      if (listed(i, std::memory_order_seq_cst)) {
         taken_[i].store(true, std::memory_order_relaxed);
         out[n++] = i;
       }
@@ -97,10 +96,7 @@ class call_combiner {
   bool any_listed() const {
     const int in_use = combiner_slots_in_use();
     for (int i = 0; i < in_use; ++i) {
-      if (slots_[i].call.state.load(std::memory_order_acquire) == combiner_call::waiting &&
-          !taken_[i].load(std::memory_order_relaxed)) {
-        return true;
-      }
+      if (listed(i, std::memory_order_acquire)) return true;
     }
     return false;
   }
@@ -116,6 +112,10 @@ class call_combiner {
   }
 
  private:
+  // Slot `i` holds a waiting call that no holder has taken yet.
+  bool listed(int i, std::memory_order order) const {
+    return slots_[i].call.state.load(order) == combiner_call::waiting && !taken_[i].load(std::memory_order_relaxed);
+  }
   void raise_hint() {
     if (!maybe_listed_.load(std::memory_order_seq_cst)) maybe_listed_.store(true, std::memory_order_seq_cst);
   }
