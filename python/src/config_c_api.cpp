@@ -57,10 +57,12 @@ const char* streamalloc_config_keys(void) {
   }
 }
 
-int streamalloc_config_resolve(const char* text, const char** result) {
+int streamalloc_config_resolve(const char* torch_settings, const char* text, const char** result) {
   thread_local std::string answer;
+  const auto string_of = [](const char* c) { return c == nullptr ? std::string() : std::string(c); };
   try {
-    answer = allocator_config::parse(text == nullptr ? std::string() : std::string(text)).to_string();
+    const std::string shared = allocator_config::split_torch_settings(string_of(torch_settings)).shared;
+    answer = allocator_config::parse(shared).with(string_of(text)).to_string();
     *result = answer.c_str();
     return 0;
   } catch (const std::exception& e) {

@@ -18,6 +18,7 @@
 #include "streams_bindings.hpp"
 #include "torch_allocator.hpp"
 #include "torch_pool_ids.hpp"
+#include "torch_settings.hpp"
 #include "torch_tags.hpp"
 
 namespace py = pybind11;
@@ -157,7 +158,7 @@ PYBIND11_MODULE(_C, m) {
 
   m.def("install", &install_torch_allocator, py::arg("config") = std::string(),
         "Registers streamalloc as torch's CUDA allocator, with `config` (`key:value,...`) layered on "
-        "STREAMALLOC_CONF. Raises ValueError for a bad option and RuntimeError when torch has already "
+        "STREAMALLOC_CONF, itself on the keys torch's allocator variable shares with streamalloc. Raises ValueError for a bad option and RuntimeError when torch has already "
         "initialised CUDA.");
   m.def("is_installed", &torch_allocator_installed, "Whether torch's current CUDA allocator is streamalloc's.");
   m.def("stats", &stats_dict, py::arg("device"),
@@ -170,7 +171,11 @@ PYBIND11_MODULE(_C, m) {
   m.def("reset_peak_stats", &reset_peak_stats_of, py::arg("device"));
   m.def("reset_accumulated_stats", &reset_accumulated_stats_of, py::arg("device"));
   m.def(
-      "config", [] { return process_allocator_config().to_string(); },
+      "config",
+      [] {
+        if (torch_allocator_installed() || process_allocators_created()) return process_allocator_config().to_string();
+        return startup_config(std::string(), false).to_string();
+      },
       "The configuration in use (or that install() will use), in STREAMALLOC_CONF syntax.");
   m.def("config_keys", &config_keys, "(key, description) for every STREAMALLOC_CONF option.");
   m.def("device_count", &managed_device_count, "Devices streamalloc manages (0 until CUDA is initialised).");

@@ -320,10 +320,10 @@ void install_torch_allocator(const std::string& overrides) {
     return;
   }
   // A bad option is reported before the question of timing.
-  process_allocator_config().with(overrides);
+  const allocator_config config = startup_config(overrides, true);
   cca::CUDAAllocator* current = cca::get();
   if (current != nullptr && current->initialized()) throw std::runtime_error(too_late_message(*current));
-  if (!overrides.empty()) configure_process_allocators(overrides);
+  if (config.to_string() != process_allocator_config().to_string()) configure_process_allocators(config);
   auto allocator = std::make_shared<torch_allocator>();
   torch::cuda::CUDAPluggableAllocator::changeCurrentAllocator(allocator);
   c10::SetAllocator(c10::DeviceType::CUDA, allocator.get(), k_device_allocator_priority);

@@ -1,4 +1,4 @@
-// Run-time allocator settings: see the header.
+// torch's allocator settings at installation and at run time: see the header.
 #include "torch_settings.hpp"
 
 #include <pybind11/pybind11.h>
@@ -6,8 +6,6 @@
 #include <c10/core/AllocatorConfig.h>
 #include <c10/util/Exception.h>
 
-#include <algorithm>
-#include <cctype>
 #include <iterator>
 #include <mutex>
 #include <string>
@@ -18,36 +16,6 @@
 
 namespace streamalloc {
 namespace {
-
-// torch's device-allocator keys that mean the same in streamalloc.
-constexpr const char* k_shared_keys[] = {"max_split_size_mb",           "max_non_split_rounding_mb",
-                                         "roundup_power2_divisions",    "garbage_collection_threshold",
-                                         "expandable_segments",         "graph_capture_record_stream_reuse"};
-
-std::string trimmed(const std::string& text) {
-  const auto begin = std::find_if_not(text.begin(), text.end(), [](unsigned char c) { return std::isspace(c); });
-  const auto end = std::find_if_not(text.rbegin(), text.rend(), [](unsigned char c) { return std::isspace(c); }).base();
-  return begin < end ? std::string(begin, end) : std::string();
-}
-
-// Splits `key:value,key:[a,b],...` at the commas outside brackets.
-std::vector<std::string> entries_of(const std::string& settings) {
-  std::vector<std::string> out;
-  std::string current;
-  int depth = 0;
-  for (char c : settings) {
-    if (c == '[') ++depth;
-    if (c == ']') --depth;
-    if (c == ',' && depth == 0) {
-      out.push_back(trimmed(current));
-      current.clear();
-    } else {
-      current += c;
-    }
-  }
-  out.push_back(trimmed(current));
-  return out;
-}
 
 // torch's binding of _set_allocator_settings installs no handler that
 // turns a TORCH_WARN into a Python warning (it would only reach stderr), so
@@ -64,37 +32,37 @@ void warn(const std::string& message) {
 
 // "a, b and c": the shared keys as the warning names them.
 std::string shared_key_list() {
-  const std::size_t n = std::size(k_shared_keys);
+  const auto& keys = allocator_config::k_torch_shared_keys;
+  const std::size_t n = std::size(keys);
   std::string out;
   for (std::size_t i = 0; i < n; ++i) {
     if (i > 0) out += i + 1 == n ? " and " : ", ";
-    out += k_shared_keys[i];
+    out += keys[i];
   }
   return out;
 }
 
-bool is_shared(const std::string& key) {
-  return std::any_of(std::begin(k_shared_keys), std::end(k_shared_keys), [&](const char* k) { return key == k; });
+std::string joined(const std::vector<std::string>& names) {
+  std::string out;
+  for (const std::string& name : names) out += (out.empty() ? "" : ", ") + name;
+  return out;
+}
+
+// The entries of torch's settings that streamalloc shares; with
+// `warn_ignored`, a warning names the keys it ignores.
+std::string shared_settings_of(const std::string& settings, bool warn_ignored) {
+  const allocator_config::torch_settings split = allocator_config::split_torch_settings(settings);
+  if (warn_ignored && !split.ignored.empty()) {
+    warn("streamalloc ignores these allocator settings of torch's native CUDA allocator: " + joined(split.ignored) +
+         ". streamalloc applies " + shared_key_list() + "; its own options are set with STREAMALLOC_CONF.");
+  }
+  return split.shared;
 }
 
 }  // namespace
 
 void apply_torch_allocator_settings(const std::string& settings) {
-  std::string shared;
-  std::string ignored;
-  for (const std::string& entry : entries_of(settings)) {
-    if (entry.empty()) continue;
-    const std::string key = trimmed(entry.substr(0, entry.find(':')));
-    if (is_shared(key)) {
-      shared += (shared.empty() ? "" : ",") + entry;
-    } else if (key.rfind("pinned_", 0) != 0) {
-      ignored += (ignored.empty() ? "" : ", ") + key;
-    }
-  }
-  if (!ignored.empty()) {
-    warn("streamalloc ignores these allocator settings of torch's native CUDA allocator: " + ignored +
-         ". streamalloc applies " + shared_key_list() + "; its own options are set with STREAMALLOC_CONF.");
-  }
+  const std::string shared = shared_settings_of(settings, true);
   // Like torch, every call starts from the settings before any call: a key
   // it does not name returns to its value at installation.
   static const allocator_config* const installed = new allocator_config(process_allocator_config());
@@ -103,6 +71,17 @@ void apply_torch_allocator_settings(const std::string& settings) {
     process_allocators().update_config(wanted);
   } else {
     configure_process_allocators(wanted);
+  }
+}
+
+allocator_config startup_config(const std::string& overrides, bool warn_ignored) {
+  // Note [torch's settings]: torch parsed its variable when it started.
+  const std::string shared = shared_settings_of(c10::CachingAllocator::getAllocatorSettings(), warn_ignored);
+  try {
+    return allocator_config::from_environment(shared).with(overrides);
+  } catch (const config_error& e) {
+    if (shared.empty()) throw;
+    throw config_error(std::string(e.what()) + " (over the keys of torch's allocator settings: " + shared + ")");
   }
 }
 

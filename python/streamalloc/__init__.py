@@ -148,7 +148,9 @@ def install(**config: object) -> None:
     """Makes streamalloc torch's CUDA allocator for this process.
 
     Keyword arguments are STREAMALLOC_CONF options (see config_keys()),
-    layered on the STREAMALLOC_CONF environment variable: bools as
+    layered on the STREAMALLOC_CONF environment variable, itself layered on
+    the keys torch's PYTORCH_CUDA_ALLOC_CONF shares with streamalloc
+    (max_split_size_mb, garbage_collection_threshold, ...): bools as
     True/False, numbers and strings as written, e.g.
     ``install(max_split_size_mb=256, cross_stream_reuse=False)``.
 
@@ -234,12 +236,15 @@ def config() -> str:
     """The options in force (or those install() would use), in
     STREAMALLOC_CONF syntax, every key with its value. Needs neither torch
     nor a GPU: until the compiled extension is loaded nothing can have
-    changed them, so they are STREAMALLOC_CONF over the defaults, parsed by
-    the same C++ code. A bad STREAMALLOC_CONF raises ValueError."""
+    changed them, so they are STREAMALLOC_CONF over the keys torch's
+    PYTORCH_CUDA_ALLOC_CONF (else PYTORCH_ALLOC_CONF) shares with
+    streamalloc, over the defaults, parsed by the same C++ code. A bad
+    value raises ValueError."""
     extension = _sys.modules.get(__name__ + "._C")
     if extension is not None:
         return extension.config()
-    return _config.resolve(_os.environ.get("STREAMALLOC_CONF", ""))
+    torch_settings = _os.environ.get("PYTORCH_CUDA_ALLOC_CONF") or _os.environ.get("PYTORCH_ALLOC_CONF") or ""
+    return _config.resolve(_os.environ.get("STREAMALLOC_CONF", ""), torch_settings)
 
 
 def config_keys() -> list:

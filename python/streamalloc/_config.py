@@ -32,7 +32,11 @@ def _load() -> ctypes.CDLL:
             library.streamalloc_config_keys.restype = ctypes.c_char_p
             library.streamalloc_config_keys.argtypes = []
             library.streamalloc_config_resolve.restype = ctypes.c_int
-            library.streamalloc_config_resolve.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_char_p)]
+            library.streamalloc_config_resolve.argtypes = [
+                ctypes.c_char_p,
+                ctypes.c_char_p,
+                ctypes.POINTER(ctypes.c_char_p),
+            ]
             _library = library
         return _library
 
@@ -43,11 +47,13 @@ def key_table() -> List[Tuple[str, str, str]]:
     return [tuple(line.split("\t", 2)) for line in text.splitlines()]
 
 
-def resolve(text: str) -> str:
+def resolve(text: str, torch_settings: str = "") -> str:
     """Every key with its value once `text` (STREAMALLOC_CONF syntax) is
-    applied to the defaults; ValueError names a bad key or value."""
+    applied over the keys `torch_settings` (torch's allocator variable)
+    shares with streamalloc, over the defaults; ValueError names a bad key
+    or value."""
     result = ctypes.c_char_p()
-    status = _load().streamalloc_config_resolve(text.encode(), ctypes.byref(result))
+    status = _load().streamalloc_config_resolve(torch_settings.encode(), text.encode(), ctypes.byref(result))
     message = (result.value or b"").decode()
     if status != 0:
         raise ValueError(message)

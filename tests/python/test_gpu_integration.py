@@ -4,6 +4,8 @@ the plain pluggable path, when install() may run, and exiting with memory
 in use. Each area runs in its own process (scripts/); the tests check what
 the script measured."""
 
+import json
+
 import pytest
 
 pytestmark = pytest.mark.gpu
@@ -231,3 +233,30 @@ def test_bad_options_and_early_calls_are_explained(scripts):
     assert "max_split_size_mb" in run["keys"]
     assert run["install"] is None and run["is_installed"]
     assert run["computed_after"] == 8.0
+
+
+TORCH_VARIABLE = {
+    "PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:128,garbage_collection_threshold:0.6,"
+    "release_lock_on_cudamalloc:True,pinned_use_cuda_host_register:True",
+    "STREAMALLOC_CONF": "garbage_collection_threshold:0.7",
+}
+
+
+@pytest.mark.parametrize("options", [None, {"max_split_size_mb": 256}])
+def test_install_takes_the_shared_keys_of_torchs_variable(scripts, options):
+    args = ("torch_variable",) + ((json.dumps(options),) if options else ())
+    run = scripts.run("install_order.py", *args, env=TORCH_VARIABLE)
+    assert run.returncode == 0 and run.result is not None, run.describe()
+    result = run.result
+    assert result["install"] is None
+    # torch's variable beneath STREAMALLOC_CONF beneath install()'s options.
+    split_mb = 256 if options else 128
+    assert f"max_split_size_mb:{split_mb}," in result["config"]
+    assert "garbage_collection_threshold:0.7," in result["config"]
+    assert result["max_split_size"] == result["torch_stats_max_split_size"] == split_mb * MiB
+    # Only the key streamalloc ignores is named; torch keeps its pinned ones.
+    named = [w for w in result["warnings"] if "ignores these allocator settings" in w]
+    assert len(named) == 1 and "release_lock_on_cudamalloc" in named[0]
+    assert "pinned_use_cuda_host_register" not in named[0]
+    assert result["computed_after"] == float(MiB)
+

@@ -171,7 +171,8 @@ def config_library():
 
 def test_config_and_keys_need_no_torch(config_library, monkeypatch):
     monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` now fails
-    monkeypatch.delenv("STREAMALLOC_CONF", raising=False)
+    for variable in ("STREAMALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):
+        monkeypatch.delenv(variable, raising=False)
     keys = streamalloc.config_keys()
     names = [key for key, _ in keys]
     assert names[0] == "min_block_bytes" and "max_split_size_mb" in names and "stitch_slack" in names
@@ -183,6 +184,21 @@ def test_config_and_keys_need_no_torch(config_library, monkeypatch):
     monkeypatch.setenv("STREAMALLOC_CONF", "max_split_size_mb:256, cross_stream_reuse:False")
     text = streamalloc.config()
     assert "max_split_size_mb:256" in text and "cross_stream_reuse:False" in text
+
+
+def test_config_takes_the_keys_torchs_variable_shares_beneath_its_own(config_library, monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch", None)
+    monkeypatch.delenv("PYTORCH_ALLOC_CONF", raising=False)
+    monkeypatch.setenv(
+        "PYTORCH_CUDA_ALLOC_CONF",
+        "backend:native,max_split_size_mb:128,garbage_collection_threshold:0.6,pinned_use_cuda_host_register:True",
+    )
+    monkeypatch.setenv("STREAMALLOC_CONF", "garbage_collection_threshold:0.7")
+    text = streamalloc.config()
+    assert "max_split_size_mb:128," in text and "garbage_collection_threshold:0.7," in text
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF")
+    monkeypatch.setenv("PYTORCH_ALLOC_CONF", "max_split_size_mb:64")
+    assert "max_split_size_mb:64," in streamalloc.config()
 
 
 def test_config_names_a_bad_key_without_torch(config_library, monkeypatch):

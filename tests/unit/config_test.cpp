@@ -370,6 +370,51 @@ TEST_CASE("config: from_environment reads STREAMALLOC_CONF", "[config]") {
   }
 }
 
+TEST_CASE("config: torch's settings go beneath STREAMALLOC_CONF", "[config]") {
+  const std::string torch_shared = "max_split_size_mb:128,garbage_collection_threshold:0.6";
+  {
+    const scoped_env env(nullptr);
+    const allocator_config c = allocator_config::from_environment(torch_shared);
+    CHECK(c.max_split_bytes == 128_MiB);
+    CHECK(c.garbage_collection_threshold == 0.6);
+  }
+  {
+    // The variable that names streamalloc wins where both set a key.
+    const scoped_env env("garbage_collection_threshold:0.7");
+    const allocator_config c = allocator_config::from_environment(torch_shared);
+    CHECK(c.max_split_bytes == 128_MiB);
+    CHECK(c.garbage_collection_threshold == 0.7);
+  }
+}
+
+TEST_CASE("config: torch's settings split into shared entries and ignored keys", "[config]") {
+  SECTION("nothing set") {
+    const auto split = allocator_config::split_torch_settings("");
+    CHECK(split.shared.empty());
+    CHECK(split.ignored.empty());
+  }
+  SECTION("each kind of key") {
+    const auto split = allocator_config::split_torch_settings(
+        "backend:native, max_split_size_mb:128,roundup_power2_divisions:[256:1,512:2,>:4],"
+        "pinned_use_cuda_host_register:True,per_process_memory_fraction:0.5,expandable_segments:True,"
+        "release_lock_on_cudamalloc:True,garbage_collection_threshold:0.6,max_non_split_rounding_mb:40,"
+        "graph_capture_record_stream_reuse:True");
+    CHECK(split.shared ==
+          "max_split_size_mb:128,roundup_power2_divisions:[256:1,512:2,>:4],expandable_segments:True,"
+          "garbage_collection_threshold:0.6,max_non_split_rounding_mb:40,graph_capture_record_stream_reuse:True");
+    CHECK(split.ignored == std::vector<std::string>{"backend", "release_lock_on_cudamalloc"});
+    // Every shared key is one of streamalloc's own, so the entries apply.
+    const allocator_config c = allocator_config::parse(split.shared);
+    CHECK(c.max_split_bytes == 128_MiB);
+    CHECK(c.roundup_divisions_for(300_MiB) == 1);
+    CHECK(c.max_non_split_rounding_bytes == 40_MiB);
+    CHECK(c.graph_capture_record_stream_reuse);
+  }
+  SECTION("malformed text is a config error") {
+    REQUIRE_THROWS_AS(allocator_config::split_torch_settings("max_split_size_mb"), config_error);
+  }
+}
+
 TEST_CASE("config: keys() documents every key exactly once", "[config]") {
   const auto& keys = allocator_config::keys();
   CHECK(keys.size() == 17);

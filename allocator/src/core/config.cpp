@@ -8,6 +8,7 @@
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
+#include <iterator>
 #include <set>
 #include <string_view>
 #include <system_error>
@@ -419,9 +420,9 @@ void check_consistency(const allocator_config& c) {
 
 allocator_config allocator_config::parse(const std::string& text) { return allocator_config{}.with(text); }
 
-allocator_config allocator_config::from_environment() {
+allocator_config allocator_config::from_environment(const std::string& beneath) {
   const char* text = std::getenv("STREAMALLOC_CONF");
-  return parse(text == nullptr ? std::string() : std::string(text));
+  return parse(beneath).with(text == nullptr ? std::string() : std::string(text));
 }
 
 allocator_config allocator_config::with(const std::string& text) const {
@@ -487,6 +488,27 @@ const std::vector<allocator_config::key_doc>& allocator_config::keys() {
     return result;
   }();
   return docs;
+}
+
+// Note [torch's settings]: users keep torch's variable when they install
+// streamalloc, so the keys that mean the same in both take effect: at
+// installation, torch's settings go beneath STREAMALLOC_CONF (the variable
+// that names streamalloc wins where both set a key) and install()'s options
+// on top; at run time, _set_allocator_settings changes them as it does
+// torch's. Keys only torch's allocator has are named in a warning rather
+// than dropped in silence.
+allocator_config::torch_settings allocator_config::split_torch_settings(const std::string& text) {
+  torch_settings out;
+  for (const auto& [key, value] : split_entries(text)) {
+    const bool shared = std::any_of(std::begin(k_torch_shared_keys), std::end(k_torch_shared_keys),
+                                    [key = key](const char* k) { return key == k; });
+    if (shared) {
+      out.shared += std::string(out.shared.empty() ? "" : ",") + std::string(key) + ":" + std::string(value);
+    } else if (key.rfind("pinned_", 0) != 0 && key != "per_process_memory_fraction") {
+      out.ignored.emplace_back(key);
+    }
+  }
+  return out;
 }
 
 std::string allocator_config::to_string() const {

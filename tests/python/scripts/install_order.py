@@ -6,9 +6,14 @@ twice       install() again is harmless; options may change until CUDA is
             used, afterwards only a request that changes nothing passes.
 bad_option  an unknown option is a ValueError listing the valid keys and
             changes nothing; GPU functions before install() say to install.
+torch_variable  torch's allocator variable (PYTORCH_CUDA_ALLOC_CONF, set by
+            the test with STREAMALLOC_CONF) at installation; argv[2], when
+            given, is install()'s options as a JSON object.
 """
 
+import json
 import sys
+import warnings
 
 import torch
 
@@ -55,6 +60,17 @@ elif scenario == "bad_option":
     result["install"] = outcome(streamalloc.install)
     result["is_installed"] = streamalloc.is_installed()
     result["computed_after"] = torch.ones(8, device="cuda").sum().item()
+elif scenario == "torch_variable":
+    options = json.loads(sys.argv[2]) if len(sys.argv) > 2 else {}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result["install"] = outcome(lambda: streamalloc.install(**options))
+    result["warnings"] = [str(w.message) for w in caught]
+    tensor = torch.ones(1 << 20, device="cuda")
+    result["config"] = streamalloc.config()
+    result["max_split_size"] = streamalloc.stats()["max_split_size"]
+    result["torch_stats_max_split_size"] = torch.cuda.memory_stats()["max_split_size"]
+    result["computed_after"] = tensor.sum().item()
 else:
     sys.exit(f"unknown scenario {scenario!r}")
 emit(result)

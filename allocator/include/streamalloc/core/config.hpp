@@ -80,8 +80,10 @@ struct allocator_config {
   // Parses `text`; throws config_error naming the key and listing valid keys.
   // Keys not mentioned keep the defaults above. A key may appear once.
   static allocator_config parse(const std::string& text);
-  // Parses the STREAMALLOC_CONF environment variable (empty when unset).
-  static allocator_config from_environment();
+  // Parses the STREAMALLOC_CONF environment variable (empty when unset)
+  // on top of `beneath` (`key:value,...`; torch's shared settings at
+  // installation, Note [torch's settings]).
+  static allocator_config from_environment(const std::string& beneath = std::string());
   // Applies `key:value` pairs on top of this config (same rules as parse).
   allocator_config with(const std::string& text) const;
 
@@ -104,6 +106,23 @@ struct allocator_config {
 
   // Renders the config back in STREAMALLOC_CONF syntax (every key).
   std::string to_string() const;
+
+  // Note [torch's settings]: torch's allocator settings (PYTORCH_ALLOC_CONF
+  // or PYTORCH_CUDA_ALLOC_CONF, torch.cuda.memory._set_allocator_settings)
+  // as streamalloc takes them. `shared`: the entries whose keys mean the
+  // same here (k_torch_shared_keys), in this syntax. `ignored`: torch's
+  // other device-allocator keys, by name, for a warning. Neither: pinned_*
+  // keys (torch's pinned host allocator stays torch's) and
+  // per_process_memory_fraction (applied as each device's memory fraction
+  // when its allocator is created). Throws config_error for malformed text.
+  struct torch_settings {
+    std::string shared;
+    std::vector<std::string> ignored;
+  };
+  static torch_settings split_torch_settings(const std::string& text);
+  static constexpr const char* k_torch_shared_keys[] = {
+      "max_split_size_mb",        "max_non_split_rounding_mb", "roundup_power2_divisions", "garbage_collection_threshold",
+      "expandable_segments",      "graph_capture_record_stream_reuse"};
 };
 
 }  // namespace streamalloc
