@@ -1,6 +1,8 @@
 // libFuzzer harness for the STREAMALLOC_CONF parser: any input either fails
 // with config_error or gives a config that validates, renders back to text
-// that parses to the same config, and drives a working allocator.
+// that parses to the same config, and drives a working allocator. The same
+// input as torch's allocator settings either fails with config_error or
+// splits into shared entries that split again to themselves.
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -28,6 +30,15 @@ void require(bool ok, const char* what, const std::string& text) {
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   const std::string text(reinterpret_cast<const char*>(data), size);
+  try {
+    const allocator_config::torch_settings split = allocator_config::split_torch_settings(text);
+    if (!split.shared.empty()) {
+      const allocator_config::torch_settings again = allocator_config::split_torch_settings(split.shared);
+      require(again.shared == split.shared && again.ignored.empty(), "shared torch settings do not split to themselves",
+              text);
+    }
+  } catch (const config_error&) {
+  }
   allocator_config config;
   try {
     config = allocator_config::parse(text);
