@@ -11,6 +11,7 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <c10/util/Exception.h>
+#include <c10/util/env.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -342,6 +343,13 @@ bool torch_allocator_installed() {
 
 // The base class keeps these functions for its own malloc path, which no
 // override here uses; they still reach streamalloc correctly.
+// torch's own test for PYTORCH_NO_CUDA_MEMORY_CACHING: a true flag value
+// ("1", "true", ...), under either of the names torch accepts.
+bool caching_forced_off_by_environment() {
+  return c10::utils::check_env("PYTORCH_NO_CUDA_MEMORY_CACHING") == true ||
+         c10::utils::check_env("PYTORCH_NO_HIP_MEMORY_CACHING") == true;
+}
+
 torch_allocator::torch_allocator()
     : CUDAPluggableAllocator(
           [this](std::size_t bytes, int device, cudaStream_t stream) {
@@ -349,10 +357,11 @@ torch_allocator::torch_allocator()
           },
           [this](void* ptr, std::size_t, int device, cudaStream_t) {
             free_on(static_cast<c10::DeviceIndex>(device), ptr);
-          }) {}
+          }),
+      caching_forced_off_(caching_forced_off_by_environment()) {}
 
 void* torch_allocator::allocate_on(c10::DeviceIndex device, std::size_t bytes, cudaStream_t stream) {
-  if (!caching_enabled_.load(std::memory_order_relaxed)) return allocate_uncached(device, bytes);
+  if (!caches()) return allocate_uncached(device, bytes);
   memory_history::call_scope context(history_, record_context::STATE);
   try {
     caching_allocator& allocator = allocator_of(device);
@@ -400,7 +409,9 @@ void* torch_allocator::allocate_uncached(c10::DeviceIndex device, std::size_t by
   if (error == cudaErrorMemoryAllocation) {
     (void)cudaGetLastError();
     TORCH_CHECK_WITH(OutOfMemoryError, false, "CUDA out of memory. Tried to allocate ", c10::CachingAllocator::format_size(bytes),
-                     " with the caching allocator disabled (torch.cuda.caching_allocator_enable(False)).");
+                     " with the caching allocator disabled (",
+                     caching_forced_off_ ? "PYTORCH_NO_CUDA_MEMORY_CACHING" : "torch.cuda.caching_allocator_enable(False)",
+                     ").");
   }
   C10_CUDA_CHECK(error);
   {
@@ -452,7 +463,7 @@ c10::DataPtr torch_allocator::allocate(std::size_t bytes) {
   C10_CUDA_CHECK(c10::cuda::GetDevice(&device));
   // No memory to find: torch's own allocator skips the stream lookup too.
   if (bytes == 0) return tagged_data_ptr(nullptr, device);
-  if (!caching_enabled_.load(std::memory_order_relaxed)) {
+  if (!caches()) {
     void* ptr = allocate_uncached(device, bytes);
     return {ptr, ptr, &delete_uncached, c10::Device(c10::DeviceType::CUDA, device)};
   }

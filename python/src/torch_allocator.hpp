@@ -115,8 +115,17 @@ class torch_allocator final : public torch::cuda::CUDAPluggableAllocator::CUDAPl
   void free_on(c10::DeviceIndex device, void* ptr);
   [[noreturn]] void raise_out_of_memory(const out_of_memory& error);
 
+  // Whether allocations go through the cache: not while caching is
+  // disabled (enable(false)) or forced off for the process.
+  bool caches() const { return caching_enabled_.load(std::memory_order_relaxed) && !caching_forced_off_; }
+
   memory_history history_;
   std::atomic<bool> caching_enabled_{true};
+  // PYTORCH_NO_CUDA_MEMORY_CACHING=1 (or torch's HIP spelling), read once
+  // as torch reads it: every allocation is a cudaMalloc of its own, freed
+  // at once, so compute-sanitizer sees each tensor's bounds. isEnabled()
+  // does not report it, as in torch.
+  const bool caching_forced_off_;
   std::mutex uncached_mutex_;
   std::unordered_map<void*, c10::DeviceIndex> uncached_;
   std::mutex observers_mutex_;

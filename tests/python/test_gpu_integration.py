@@ -260,3 +260,34 @@ def test_install_takes_the_shared_keys_of_torchs_variable(scripts, options):
     assert "pinned_use_cuda_host_register" not in named[0]
     assert result["computed_after"] == float(MiB)
 
+
+# --- caching off for debugging (PYTORCH_NO_CUDA_MEMORY_CACHING) --------------
+
+
+@pytest.fixture(scope="module")
+def uncached(scripts):
+    runs = {}
+    for mode, flag in (("native", "1"), ("streamalloc", "1"), ("streamalloc", "0")):
+        run = scripts.run("uncached.py", mode, env={"PYTORCH_NO_CUDA_MEMORY_CACHING": flag})
+        assert run.returncode == 0 and run.result is not None, run.describe()
+        runs[mode, flag] = run.result
+    return runs
+
+
+def test_no_cuda_memory_caching_gives_each_tensor_its_own_memory_like_native(uncached):
+    size = 256 * MiB
+    for mode in ("native", "streamalloc"):
+        run = uncached[mode, "1"]
+        assert run["backend"] == mode, mode
+        # Outside the cache: its statistics see nothing, the driver all.
+        assert run["allocated_bytes"] == run["reserved_bytes"] == 0, mode
+        assert run["taken_while_live"] >= size and run["back_after_free"] >= size, mode
+        assert run["sum"] == 2 * size, mode
+
+
+def test_no_cuda_memory_caching_0_keeps_the_cache(uncached):
+    run = uncached["streamalloc", "0"]
+    assert run["allocated_bytes"] >= 256 * MiB
+    # Freed into the cache, not to the driver.
+    assert run["back_after_free"] < 256 * MiB
+
