@@ -78,6 +78,7 @@ void memory_history::record(bool enabled, c10::CachingDeviceAllocator::CreateCon
   recording_.store(enabled, std::memory_order_relaxed);
   if (!enabled || clear) {
     for (auto& device_entries : entries_) device_entries.clear();
+    for (auto& device_annotations : annotations_) device_annotations.clear();
   }
   if (!enabled) {
     block_contexts_.clear();
@@ -86,7 +87,25 @@ void memory_history::record(bool enabled, c10::CachingDeviceAllocator::CreateCon
   for (auto& device_entries : entries_) {
     while (device_entries.size() > max_entries_) device_entries.pop_front();
   }
+  for (auto& device_annotations : annotations_) {
+    while (device_annotations.size() > max_entries_) device_annotations.pop_front();
+  }
   reconnect_locked();
+}
+
+void memory_history::record_annotation(const std::vector<std::pair<std::string, std::string>>& metadata) {
+  if (!recording()) return;
+  const c10::approx_time_t now = c10::getApproximateTime();
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!recording()) return;
+  for (std::size_t d = 0; d < annotations_.size(); ++d) {
+    if (allocators_[d] == nullptr) continue;
+    c10::CachingDeviceAllocator::AnnotationEntry entry(static_cast<c10::DeviceIndex>(d), now);
+    for (const auto& [name, value] : metadata) entry.recordUserMetadata(name, value);
+    auto& device_annotations = annotations_[d];
+    device_annotations.push_back(std::move(entry));
+    while (device_annotations.size() > max_entries_) device_annotations.pop_front();
+  }
 }
 
 void memory_history::attach_tracker(c10::CachingDeviceAllocator::AllocatorTraceTracker tracker) {
@@ -102,6 +121,7 @@ void memory_history::connect(int device, caching_allocator& allocator) {
     allocators_.resize(index + 1, nullptr);
     listeners_.resize(index + 1);
     entries_.resize(index + 1);
+    annotations_.resize(index + 1);
   }
   allocators_[index] = &allocator;
   if (!listeners_[index]) listeners_[index] = std::make_unique<device_listener>(*this, device);
@@ -211,6 +231,15 @@ memory_history::context_ptr memory_history::segment_context(std::uintptr_t addre
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = segment_contexts_.find(address);
   return it == segment_contexts_.end() ? nullptr : it->second;
+}
+
+std::vector<c10::CachingDeviceAllocator::AnnotationEntry> memory_history::annotations() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<c10::CachingDeviceAllocator::AnnotationEntry> out;
+  for (const auto& device_annotations : annotations_) {
+    out.insert(out.end(), device_annotations.begin(), device_annotations.end());
+  }
+  return out;
 }
 
 std::vector<std::vector<TraceEntry>> memory_history::traces(int device_count) const {

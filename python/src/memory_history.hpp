@@ -15,6 +15,7 @@
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
+#include <utility>
 #include <vector>
 
 #include "streamalloc/core/caching_allocator.hpp"
@@ -40,6 +41,10 @@ class memory_history {
   std::string user_metadata() const;
   void push_compile_context(const std::string& context);
   void pop_compile_context();
+  // torch's recordAnnotation (record_function regions while recording with
+  // global_record_annotations): one entry per connected device, kept with
+  // the history and bounded like it.
+  void record_annotation(const std::vector<std::pair<std::string, std::string>>& metadata);
 
   // Connects `allocator` (of `device`) while history or a tracker is on;
   // called for every allocator, existing or created later.
@@ -69,6 +74,8 @@ class memory_history {
   context_ptr segment_context(std::uintptr_t address) const;
   // The recorded entries of every device, oldest first.
   std::vector<std::vector<c10::CachingDeviceAllocator::TraceEntry>> traces(int device_count) const;
+  // The recorded annotations, device by device, oldest first.
+  std::vector<c10::CachingDeviceAllocator::AnnotationEntry> annotations() const;
 
  private:
   class device_listener final : public trace_listener {
@@ -92,6 +99,7 @@ class memory_history {
   std::size_t max_entries_ = 0;
   std::unordered_set<int> skipped_;  // TraceEntry::Action values
   std::vector<std::deque<c10::CachingDeviceAllocator::TraceEntry>> entries_;  // per device
+  std::vector<std::deque<c10::CachingDeviceAllocator::AnnotationEntry>> annotations_;  // per device
   std::vector<c10::CachingDeviceAllocator::AllocatorTraceTracker> trackers_;
   std::unordered_map<std::uintptr_t, context_ptr> block_contexts_;
   std::unordered_map<std::uintptr_t, context_ptr> segment_contexts_;

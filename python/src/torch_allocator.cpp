@@ -603,6 +603,7 @@ cca::SnapshotInfo torch_allocator::snapshot(c10::MempoolId_t mempool_id, bool in
     const int devices = managed_device_count();
     if (include_traces) {
       out.device_traces = history_.traces(devices);
+      out.external_annotations = history_.annotations();
     } else {
       out.device_traces.resize(static_cast<std::size_t>(devices));
     }
@@ -631,6 +632,10 @@ std::string torch_allocator::getUserMetadata() { return history_.user_metadata()
 void torch_allocator::pushCompileContext(std::string& md) { history_.push_compile_context(md); }
 
 void torch_allocator::popCompileContext() { history_.pop_compile_context(); }
+
+void torch_allocator::recordAnnotation(const std::vector<std::pair<std::string, std::string>>& md) {
+  guarded([&] { history_.record_annotation(md); });
+}
 
 void torch_allocator::attachOutOfMemoryObserver(cca::OutOfMemoryObserver observer) {
   std::lock_guard<std::mutex> lock(observers_mutex_);

@@ -71,6 +71,7 @@ class torch_allocator final : public torch::cuda::CUDAPluggableAllocator::CUDAPl
   std::string getUserMetadata() override;
   void pushCompileContext(std::string& md) override;
   void popCompileContext() override;
+  void recordAnnotation(const std::vector<std::pair<std::string, std::string>>& md) override;
   void attachOutOfMemoryObserver(c10::cuda::CUDACachingAllocator::OutOfMemoryObserver observer) override;
   void attachAllocatorTraceTracker(c10::CachingDeviceAllocator::AllocatorTraceTracker tracker) override;
 

@@ -106,6 +106,15 @@ def test_history_renders_with_memory_viz_and_stops(history):
     assert ours["traces_after_stop"] == history["native"]["traces_after_stop"] == 0
 
 
+def test_record_function_annotations_reach_the_snapshot_like_native(history):
+    ours, native = history["streamalloc"], history["native"]
+    assert native["annotations_key"] and ours["annotations_key"]
+    assert native["region_annotations"], "native recorded no annotation for the region"
+    assert ours["region_annotations"] == native["region_annotations"]
+    assert ours["region_annotations_timed"]
+    assert ours["annotations_after_stop"] == native["annotations_after_stop"]
+
+
 def test_oom_observer_and_wording(history):
     ours, native = history["streamalloc"], history["native"]
     assert ours["oom_raised"] and ours["observer_calls"] == native["observer_calls"] == 1

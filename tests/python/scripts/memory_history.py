@@ -1,8 +1,8 @@
 """Memory history under the allocator named by argv[1]: records with
 stacks, allocates and frees (one free pending on a side stream), checks the
 trace entries and frames of _snapshot(), dumps the snapshot, renders
-memory_viz's HTML into argv[2], stops recording; then an OOM with an
-observer attached."""
+memory_viz's HTML into argv[2], stops recording; records a record_function
+region as an annotation; then an OOM with an observer attached."""
 
 import os
 import pickle
@@ -79,6 +79,20 @@ result["segment_plot_bytes"] = len(segment_html)
 
 torch.cuda.memory._record_memory_history(enabled=None)
 result["traces_after_stop"] = len(torch.cuda.memory._snapshot()["device_traces"][torch.cuda.current_device()])
+
+# record_function regions reach the snapshot as external annotations.
+REGION = "streamalloc_annotated_region"
+torch.cuda.memory._record_memory_history(max_entries=100000, global_record_annotations=True)
+with torch.profiler.record_function(REGION):
+    annotated = allocate_here()
+del annotated
+annotations = torch.cuda.memory._snapshot().get("external_annotations")
+result["annotations_key"] = annotations is not None
+ours = [a for a in annotations or [] if REGION in str(a)]
+result["region_annotations"] = [{k: v for k, v in a.items() if "time" not in k} for a in ours]
+result["region_annotations_timed"] = all(any("time" in k for k in a) for a in ours)
+torch.cuda.memory._record_memory_history(enabled=None)
+result["annotations_after_stop"] = len(torch.cuda.memory._snapshot().get("external_annotations") or [])
 
 observed = []
 torch._C._cuda_attach_out_of_memory_observer(lambda device, alloc, device_alloc, device_free: observed.append(alloc))
