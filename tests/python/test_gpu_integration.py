@@ -267,17 +267,22 @@ def test_install_takes_the_shared_keys_of_torchs_variable(scripts, options):
 @pytest.fixture(scope="module")
 def uncached(scripts):
     runs = {}
-    for mode, flag in (("native", "1"), ("streamalloc", "1"), ("streamalloc", "0")):
-        run = scripts.run("uncached.py", mode, env={"PYTORCH_NO_CUDA_MEMORY_CACHING": flag})
+    for mode, flag in (("native", "1"), ("streamalloc", "1"), ("streamalloc", "0"), ("native", "disable"),
+                       ("streamalloc", "disable")):
+        if flag == "disable":
+            run = scripts.run("uncached.py", mode, "disable", env={"PYTORCH_NO_CUDA_MEMORY_CACHING": "0"})
+        else:
+            run = scripts.run("uncached.py", mode, env={"PYTORCH_NO_CUDA_MEMORY_CACHING": flag})
         assert run.returncode == 0 and run.result is not None, run.describe()
         runs[mode, flag] = run.result
     return runs
 
 
-def test_no_cuda_memory_caching_gives_each_tensor_its_own_memory_like_native(uncached):
+@pytest.mark.parametrize("how", ["1", "disable"])
+def test_caching_off_gives_each_tensor_its_own_memory_like_native(uncached, how):
     size = 256 * MiB
     for mode in ("native", "streamalloc"):
-        run = uncached[mode, "1"]
+        run = uncached[mode, how]
         assert run["backend"] == mode, mode
         # Outside the cache: its statistics see nothing, the driver all.
         assert run["allocated_bytes"] == run["reserved_bytes"] == 0, mode

@@ -1,8 +1,10 @@
 """Caching off for a debugging run, one allocator per process (argv[1]:
 native or streamalloc), with PYTORCH_NO_CUDA_MEMORY_CACHING as the test
-sets it: a tensor is device memory of its own while it lives and goes back
-to the driver when freed, outside the cache's statistics, as under torch's
-own allocator; raw allocations and record_stream still work."""
+sets it, or with torch.cuda.memory.caching_allocator_enable(False) when
+argv[2] is "disable": a tensor is device memory of its own while it lives
+and goes back to the driver when freed, outside the cache's statistics, as
+under torch's own allocator; raw allocations and record_stream still
+work."""
 
 import sys
 
@@ -23,6 +25,8 @@ def device_free():
 
 
 torch.cuda.init()
+if sys.argv[2:] == ["disable"]:
+    torch.cuda.memory.caching_allocator_enable(False)
 torch.ones(1, device="cuda")  # the context and torch's own first allocations
 before = device_free()
 tensor = torch.ones(size, dtype=torch.uint8, device="cuda")
