@@ -20,10 +20,10 @@ STREAMALLOC_CONFIG_EXPORT const char* streamalloc_config_keys(void);
 /* Parses `text` (STREAMALLOC_CONF syntax, NULL or "" for none) over the
  * keys that `torch_settings` (torch's allocator variable, NULL or "" for
  * none) shares with streamalloc, over the defaults: the configuration
- * install() creates the allocators with. Returns 0 and sets *result to every key with its value in
- * STREAMALLOC_CONF syntax, or returns -1 and sets *result to the error
- * (naming the key and listing the valid ones). *result stays valid until
- * the calling thread's next call. */
+ * install() creates the allocators with. Returns 0 and sets *result to
+ * every key with its value in STREAMALLOC_CONF syntax, or returns -1 and
+ * sets *result to the error (naming the key and listing the valid ones).
+ * *result stays valid until the calling thread's next call. */
 STREAMALLOC_CONFIG_EXPORT int streamalloc_config_resolve(const char* torch_settings, const char* text,
                                                          const char** result);
 

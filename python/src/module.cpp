@@ -158,8 +158,8 @@ PYBIND11_MODULE(_C, m) {
 
   m.def("install", &install_torch_allocator, py::arg("config") = std::string(),
         "Registers streamalloc as torch's CUDA allocator, with `config` (`key:value,...`) layered on "
-        "STREAMALLOC_CONF, itself on the keys torch's allocator variable shares with streamalloc. Raises ValueError for a bad option and RuntimeError when torch has already "
-        "initialised CUDA.");
+        "STREAMALLOC_CONF, itself on the keys torch's allocator variable shares with streamalloc. Raises "
+        "ValueError for a bad option and RuntimeError when torch has already initialised CUDA.");
   m.def("is_installed", &torch_allocator_installed, "Whether torch's current CUDA allocator is streamalloc's.");
   m.def("stats", &stats_dict, py::arg("device"),
         "torch.cuda.memory_stats()'s keys for `device`, plus fragmentation.* metrics.");

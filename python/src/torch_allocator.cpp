@@ -341,14 +341,19 @@ bool torch_allocator_installed() {
 // ---------------------------------------------------------------------------
 // Allocation
 
-// The base class keeps these functions for its own malloc path, which no
-// override here uses; they still reach streamalloc correctly.
+namespace {
+
 // torch's own test for PYTORCH_NO_CUDA_MEMORY_CACHING: a true flag value
 // ("1", "true", ...), under either of the names torch accepts.
 bool caching_forced_off_by_environment() {
   return c10::utils::check_env("PYTORCH_NO_CUDA_MEMORY_CACHING") == true ||
          c10::utils::check_env("PYTORCH_NO_HIP_MEMORY_CACHING") == true;
 }
+
+}  // namespace
+
+// The base class keeps these functions for its own malloc path, which no
+// override here uses; they still reach streamalloc correctly.
 
 torch_allocator::torch_allocator()
     : CUDAPluggableAllocator(

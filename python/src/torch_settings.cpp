@@ -76,12 +76,12 @@ void apply_torch_allocator_settings(const std::string& settings) {
 
 allocator_config startup_config(const std::string& overrides, bool warn_ignored) {
   // Note [torch's settings]: torch parsed its variable when it started.
-  const std::string shared = shared_settings_of(c10::CachingAllocator::getAllocatorSettings(), warn_ignored);
+  const std::string settings = c10::CachingAllocator::getAllocatorSettings();
   try {
-    return allocator_config::from_environment(shared).with(overrides);
+    return allocator_config::from_environment(shared_settings_of(settings, warn_ignored)).with(overrides);
   } catch (const config_error& e) {
-    if (shared.empty()) throw;
-    throw config_error(std::string(e.what()) + " (over the keys of torch's allocator settings: " + shared + ")");
+    if (settings.empty()) throw;
+    throw config_error(std::string(e.what()) + " (torch's allocator settings beneath it: " + settings + ")");
   }
 }
 

@@ -82,7 +82,7 @@ struct allocator_config {
   static allocator_config parse(const std::string& text);
   // Parses the STREAMALLOC_CONF environment variable (empty when unset)
   // on top of `beneath` (`key:value,...`; torch's shared settings at
-  // installation, Note [torch's settings]).
+  // installation, Note [torch's settings] in config.cpp).
   static allocator_config from_environment(const std::string& beneath = std::string());
   // Applies `key:value` pairs on top of this config (same rules as parse).
   allocator_config with(const std::string& text) const;
@@ -107,9 +107,9 @@ struct allocator_config {
   // Renders the config back in STREAMALLOC_CONF syntax (every key).
   std::string to_string() const;
 
-  // Note [torch's settings]: torch's allocator settings (PYTORCH_ALLOC_CONF
-  // or PYTORCH_CUDA_ALLOC_CONF, torch.cuda.memory._set_allocator_settings)
-  // as streamalloc takes them. `shared`: the entries whose keys mean the
+  // torch's allocator settings (PYTORCH_ALLOC_CONF or
+  // PYTORCH_CUDA_ALLOC_CONF, torch.cuda.memory._set_allocator_settings) as
+  // streamalloc takes them (Note [torch's settings] in config.cpp). `shared`: the entries whose keys mean the
   // same here (k_torch_shared_keys), in this syntax. `ignored`: torch's
   // other device-allocator keys, by name, for a warning. Neither: pinned_*
   // keys (torch's pinned host allocator stays torch's) and
@@ -120,9 +120,12 @@ struct allocator_config {
     std::vector<std::string> ignored;
   };
   static torch_settings split_torch_settings(const std::string& text);
-  static constexpr const char* k_torch_shared_keys[] = {
-      "max_split_size_mb",        "max_non_split_rounding_mb", "roundup_power2_divisions", "garbage_collection_threshold",
-      "expandable_segments",      "graph_capture_record_stream_reuse"};
+  static constexpr const char* k_torch_shared_keys[] = {"max_split_size_mb",
+                                                        "max_non_split_rounding_mb",
+                                                        "roundup_power2_divisions",
+                                                        "garbage_collection_threshold",
+                                                        "expandable_segments",
+                                                        "graph_capture_record_stream_reuse"};
 };
 
 }  // namespace streamalloc
