@@ -243,7 +243,10 @@ def config() -> str:
     extension = _sys.modules.get(__name__ + "._C")
     if extension is not None:
         return extension.config()
-    torch_settings = _os.environ.get("PYTORCH_CUDA_ALLOC_CONF") or _os.environ.get("PYTORCH_ALLOC_CONF") or ""
+    # torch 2.11's order: PYTORCH_CUDA_ALLOC_CONF when set at all, even empty.
+    torch_settings = _os.environ.get("PYTORCH_CUDA_ALLOC_CONF")
+    if torch_settings is None:
+        torch_settings = _os.environ.get("PYTORCH_ALLOC_CONF", "")
     return _config.resolve(_os.environ.get("STREAMALLOC_CONF", ""), torch_settings)
 
 

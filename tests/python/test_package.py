@@ -196,8 +196,10 @@ def test_config_takes_the_keys_torchs_variable_shares_beneath_its_own(config_lib
     monkeypatch.setenv("STREAMALLOC_CONF", "garbage_collection_threshold:0.7")
     text = streamalloc.config()
     assert "max_split_size_mb:128," in text and "garbage_collection_threshold:0.7," in text
-    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF")
     monkeypatch.setenv("PYTORCH_ALLOC_CONF", "max_split_size_mb:64")
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "")  # set, so torch reads it and not the other
+    assert "max_split_size_mb:unlimited," in streamalloc.config()
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF")
     assert "max_split_size_mb:64," in streamalloc.config()
 
 
