@@ -500,10 +500,11 @@ void torch_allocator::init(int /*device_count*/) {
   guarded([&] {
     // Creating the allocator set here surfaces a missing driver at torch's
     // CUDA initialisation rather than at the first allocation.
-    // PYTORCH_CUDA_ALLOC_CONF's per_process_memory_fraction, which torch
-    // parsed at start-up, caps streamalloc's devices as it would torch's.
-    const double torch_fraction = cca::CUDAAllocatorConfig::per_process_memory_fraction();
-    process_allocators().set_creation_hook([this, torch_fraction](int device, caching_allocator& allocator) {
+    // torch's per_process_memory_fraction setting (its variable's value,
+    // or a later _set_allocator_settings call's) caps each device when its
+    // allocator is created.
+    process_allocators().set_creation_hook([this](int device, caching_allocator& allocator) {
+      const double torch_fraction = cca::CUDAAllocatorConfig::per_process_memory_fraction();
       if (torch_fraction < 1.0) allocator.set_memory_fraction(torch_fraction);
       history_.connect(device, allocator);
     });
