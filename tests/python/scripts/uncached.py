@@ -33,9 +33,11 @@ tensor = torch.ones(size, dtype=torch.uint8, device="cuda")
 while_live = device_free()
 stats = torch.cuda.memory_stats()
 side = torch.cuda.Stream()
+side.wait_stream(torch.cuda.current_stream())
 with torch.cuda.stream(side):
     tensor.add_(1)
 tensor.record_stream(side)
+torch.cuda.current_stream().wait_stream(side)
 total = tensor.sum().item()
 del tensor
 after_free = device_free()
