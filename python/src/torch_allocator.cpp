@@ -354,7 +354,6 @@ bool caching_forced_off_by_environment() {
 
 // The base class keeps these functions for its own malloc path, which no
 // override here uses; they still reach streamalloc correctly.
-
 torch_allocator::torch_allocator()
     : CUDAPluggableAllocator(
           [this](std::size_t bytes, int device, cudaStream_t stream) {

@@ -109,10 +109,11 @@ struct allocator_config {
 
   // torch's allocator settings (PYTORCH_ALLOC_CONF or
   // PYTORCH_CUDA_ALLOC_CONF, torch.cuda.memory._set_allocator_settings) as
-  // streamalloc takes them (Note [torch's settings] in config.cpp). `shared`: the entries whose keys mean the
-  // same here (k_torch_shared_keys), in this syntax. `ignored`: torch's
-  // other device-allocator keys, by name, for a warning. Neither: pinned_*
-  // keys (torch's pinned host allocator stays torch's) and
+  // streamalloc takes them (Note [torch's settings] in config.cpp).
+  // `shared`: the entries whose keys mean the same here
+  // (k_torch_shared_keys), in this syntax. `ignored`: torch's other
+  // device-allocator keys, by name, for a warning. Neither: pinned_* keys
+  // (torch's pinned host allocator stays torch's) and
   // per_process_memory_fraction (applied as each device's memory fraction
   // when its allocator is created). Throws config_error for malformed text.
   struct torch_settings {
