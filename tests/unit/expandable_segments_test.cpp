@@ -448,6 +448,28 @@ TEST_CASE("expandable: a stitch that keeps coming back after other stitches grow
   CHECK(stitch_round(f, 4_MiB + 2_MiB + 2_MiB - 512_KiB));
 }
 
+TEST_CASE("expandable: a stitch that comes back after the growth that should end its cycle stitches again",
+          "[expandable]") {
+  // Each round ends with empty_cache, so what the growth mapped is gone when
+  // the loop comes back, as when other stitches take it: growing again would
+  // raise reserved memory again without ending anything.
+  sim_fixture f(vmm_device());
+  for (int round = 0; round < 2; ++round) {
+    INFO(round);
+    REQUIRE(stitch_round(f, 8_MiB));
+    REQUIRE(stitch_round(f, 6_MiB));
+  }
+  CHECK_FALSE(stitch_round(f, 8_MiB));  // the cycle's growth, once
+  CHECK_FALSE(stitch_round(f, 6_MiB));
+  const std::int64_t grown_peak = f.stats().reserved_bytes[0].peak;
+  for (int round = 0; round < 3; ++round) {
+    INFO(round);
+    CHECK(stitch_round(f, 8_MiB));
+    CHECK(stitch_round(f, 6_MiB));
+  }
+  CHECK(f.stats().reserved_bytes[0].peak == grown_peak);
+}
+
 TEST_CASE("expandable: the same stitch repeated with no other in between keeps stitching", "[expandable]") {
   // Identical layers, each finding the last one's block taken by smaller
   // ones, stitch the same request at the same level one after another.

@@ -562,6 +562,7 @@ class caching_allocator {
   struct stitch_count {
     int runs = 0;
     int stitches = 0;
+    bool grew = false;  // refused once, grown instead (Note [stitch cycles])
   };
   std::map<std::pair<std::int64_t, std::size_t>, stitch_count> stitch_runs_;
   std::pair<std::int64_t, std::size_t> last_stitch_{-1, 0};
