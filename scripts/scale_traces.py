@@ -7,12 +7,15 @@ same order of allocations and frees, other shapes) shows that. Segment
 events are dropped: they record the native allocator's segments for the
 original sizes.
 
-  scripts/scale_traces.py SRC_DIR DST_DIR FACTOR
-  build/bin/streamalloc-replay --all DST_DIR
+  scripts/scale_traces.py tests/data/traces /tmp/scaled 1.1
+  build/bin/streamalloc-replay --all /tmp/scaled
 """
+import argparse
 import gzip
 import os
 import sys
+
+import _streamalloc_version  # the checkout's version (CMakeLists.txt)
 
 
 def open_trace(path, mode):
@@ -32,18 +35,21 @@ def scale_trace(src, dst, factor):
 
 
 def main(argv):
-    if len(argv) != 4:
-        sys.exit(__doc__.strip())
-    src_dir, dst_dir, factor = argv[1], argv[2], float(argv[3])
-    if factor <= 0:
-        sys.exit("scale_traces: FACTOR must be positive")
-    os.makedirs(dst_dir, exist_ok=True)
-    names = sorted(n for n in os.listdir(src_dir) if n.endswith((".trace.csv", ".trace.csv.gz")))
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("src_dir", help="folder of *.trace.csv[.gz] files")
+    parser.add_argument("dst_dir", help="folder to write the scaled copies to (created if missing)")
+    parser.add_argument("factor", type=float, help="what every request size is multiplied by (> 0)")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_streamalloc_version.version()}")
+    args = parser.parse_args(argv[1:])
+    if not args.factor > 0:
+        parser.error("factor must be positive")
+    names = sorted(n for n in os.listdir(args.src_dir) if n.endswith((".trace.csv", ".trace.csv.gz")))
     if not names:
-        sys.exit(f"scale_traces: no *.trace.csv or *.trace.csv.gz in {src_dir}")
+        parser.error(f"no *.trace.csv or *.trace.csv.gz in {args.src_dir}")
+    os.makedirs(args.dst_dir, exist_ok=True)
     for name in names:
-        scale_trace(os.path.join(src_dir, name), os.path.join(dst_dir, name), factor)
-    print(f"scale_traces: {len(names)} traces scaled by {factor} into {dst_dir}")
+        scale_trace(os.path.join(args.src_dir, name), os.path.join(args.dst_dir, name), args.factor)
+    print(f"scale_traces.py: {len(names)} traces scaled by {args.factor} into {args.dst_dir}")
 
 
 if __name__ == "__main__":

@@ -1,10 +1,12 @@
 """The tools a user touches, on any machine: plot_replay.py's one-line
 error without matplotlib, the version the tools print, the build
 backend's message without scikit-build-core and its wheel version; and
-the developers' sampling profiler, scripts/pc-sampler."""
+the developers' tools: the sampling profiler, scripts/pc-sampler, and
+scale_traces.py."""
 
 from __future__ import annotations
 
+import gzip
 import importlib.util
 import re
 import shutil
@@ -76,10 +78,34 @@ def test_wheel_version_is_cmake_version_with_the_torch_build(monkeypatch, tmp_pa
 
 
 def test_scripts_print_the_version():
-    for script in ("plot_replay.py", "capture_trace.py", "config_doc.py"):
+    for script in ("plot_replay.py", "capture_trace.py", "config_doc.py", "scale_traces.py"):
         run = subprocess.run([sys.executable, str(REPO / "scripts" / script), "--version"],
                              capture_output=True, text=True, check=True)
         assert run.stdout.strip() == f"{script} {VERSION}"
+
+
+def test_scale_traces_scales_every_request_and_drops_native_segments(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    rows = ["action,addr,size,stream", "segment_alloc,4096,20971520,0", "alloc,4096,1000,0",
+            "alloc,8192,3,7", "free_requested,4096,1000,0", "free_completed,4096,1000,0", "alloc,9000,0,0"]
+    with gzip.open(src / "a.trace.csv.gz", "wt") as f:
+        f.write("\n".join(rows) + "\n")
+    (src / "b.trace.csv").write_text("action,addr,size,stream\nalloc,1,10,0\n")
+    (src / "notes.txt").write_text("not a trace")
+    run = subprocess.run([sys.executable, str(REPO / "scripts" / "scale_traces.py"), str(src), str(tmp_path / "out"),
+                          "0.25"], capture_output=True, text=True, check=True)
+    assert "2 traces scaled by 0.25" in run.stdout
+    with gzip.open(tmp_path / "out" / "a.trace.csv.gz", "rt") as f:
+        assert f.read().splitlines() == ["action,addr,size,stream", "alloc,4096,250,0", "alloc,8192,1,7",
+                                         "free_requested,4096,250,0", "free_completed,4096,250,0",
+                                         "alloc,9000,0,0"]
+    assert (tmp_path / "out" / "b.trace.csv").read_text().splitlines() == ["action,addr,size,stream", "alloc,1,2,0"]
+    assert not (tmp_path / "out" / "notes.txt").exists()
+    refused = subprocess.run([sys.executable, str(REPO / "scripts" / "scale_traces.py"), str(src),
+                              str(tmp_path / "never"), "0"], capture_output=True, text=True)
+    assert refused.returncode != 0 and "factor must be positive" in refused.stderr
+    assert not (tmp_path / "never").exists()
 
 
 SAMPLED_PROGRAM = r"""
