@@ -301,7 +301,8 @@ bool caching_allocator::stitching_wanted_locked(std::size_t chunks, std::size_t 
 
 bool caching_allocator::stitch_cycle_allows_locked(std::size_t rounded) {
   // Note [stitch cycles]: a stitch that keeps coming back after other
-  // stitches grows instead; that growth ends the run of the last stitch.
+  // stitches grows instead, once; that growth ends the run of the last
+  // stitch.
   const std::pair<std::int64_t, std::size_t> key = stitch_key_locked(rounded);
   const auto it = stitch_runs_.find(key);
   if (it == stitch_runs_.end()) return true;
