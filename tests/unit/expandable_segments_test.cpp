@@ -434,8 +434,14 @@ static bool stitch_round(sim_fixture& f, std::size_t bytes) {
   return stitched;
 }
 
+// Live memory on another stream, so that a cycle's growth (8 and 6 MiB in
+// the rounds above) is within its 2% share of the allocation peak, yet
+// past stitch_slack (0.5%), so that the rounds stitch at all.
+constexpr std::size_t k_ballast_bytes = 1_GiB;
+
 TEST_CASE("expandable: a stitch that keeps coming back after other stitches grows instead", "[expandable]") {
   sim_fixture f(vmm_device());
+  void* ballast = f.alloc.allocate(k_ballast_bytes, f.s2);
   // Two stitches take turns, as in a loop whose stitches undo each other.
   CHECK(stitch_round(f, 8_MiB));
   CHECK(stitch_round(f, 6_MiB));
@@ -443,9 +449,41 @@ TEST_CASE("expandable: a stitch that keeps coming back after other stitches grow
   CHECK(stitch_round(f, 6_MiB));
   CHECK_FALSE(stitch_round(f, 8_MiB));  // back again: grows
   CHECK_FALSE(stitch_round(f, 6_MiB));
-  CHECK(f.stats().reserved_bytes[0].peak == static_cast<std::int64_t>(20_MiB));
+  CHECK(f.stats().reserved_bytes[0].peak == static_cast<std::int64_t>(k_ballast_bytes + 20_MiB));
   // Another request size at another level is a new stitch.
   CHECK(stitch_round(f, 4_MiB + 2_MiB + 2_MiB - 512_KiB));
+  f.alloc.free(ballast);
+}
+
+TEST_CASE("expandable: a cycle stitches on when its growth would pass its share of the allocation peak",
+          "[expandable]") {
+  // The peak is the rounds' 12 MiB alone: 2% of it is less than a chunk, so
+  // the cycle's growth (8 MiB) would raise reserved memory a long way past
+  // the peak; the cycle keeps stitching, within k_stitches_per_key.
+  sim_fixture f(vmm_device());
+  for (int round = 0; round < 4; ++round) {
+    INFO(round);
+    CHECK(stitch_round(f, 8_MiB));
+    CHECK(stitch_round(f, 6_MiB));
+  }
+  CHECK(f.stats().reserved_bytes[0].peak == static_cast<std::int64_t>(12_MiB));
+}
+
+TEST_CASE("expandable: the growth of every cycle together stays within its share of the allocation peak",
+          "[expandable]") {
+  // About 512 MiB at the peak: 2% (10.2 MiB) affords the 8 MiB cycle's
+  // growth, not the 6 MiB one's on top of it.
+  sim_fixture f(vmm_device());
+  void* ballast = f.alloc.allocate(500_MiB, f.s2);
+  for (int round = 0; round < 2; ++round) {
+    INFO(round);
+    REQUIRE(stitch_round(f, 8_MiB));
+    REQUIRE(stitch_round(f, 6_MiB));
+  }
+  CHECK_FALSE(stitch_round(f, 8_MiB));  // grows: 8 MiB
+  CHECK(stitch_round(f, 6_MiB));        // 6 MiB more would pass the share
+  CHECK(f.stats().reserved_bytes[0].peak == static_cast<std::int64_t>(500_MiB + 20_MiB));
+  f.alloc.free(ballast);
 }
 
 TEST_CASE("expandable: a stitch that comes back after the growth that should end its cycle stitches again",
@@ -454,6 +492,7 @@ TEST_CASE("expandable: a stitch that comes back after the growth that should end
   // the loop comes back, as when other stitches take it: growing again would
   // raise reserved memory again without ending anything.
   sim_fixture f(vmm_device());
+  void* ballast = f.alloc.allocate(k_ballast_bytes, f.s2);
   for (int round = 0; round < 2; ++round) {
     INFO(round);
     REQUIRE(stitch_round(f, 8_MiB));
@@ -468,6 +507,7 @@ TEST_CASE("expandable: a stitch that comes back after the growth that should end
     CHECK(stitch_round(f, 6_MiB));
   }
   CHECK(f.stats().reserved_bytes[0].peak == grown_peak);
+  f.alloc.free(ballast);
 }
 
 TEST_CASE("expandable: the same stitch repeated with no other in between keeps stitching", "[expandable]") {

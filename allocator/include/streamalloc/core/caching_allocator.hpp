@@ -150,6 +150,10 @@ class caching_allocator {
   // allocated memory may make in all, back to back or not; a bound on the
   // stream synchronizations one repeating stitch costs.
   static constexpr int k_stitches_per_key = 64;
+  // Note [stitch cycles]: what the growth that breaks cycles may add to
+  // reserved memory in all, as a share of the allocation peak: the
+  // project's target (peak reserved / peak allocated <= 1.02).
+  static constexpr double k_cycle_growth_share = 0.02;
   // Address space reserved per expandable range, in multiples of the
   // device's memory (Note [address space] in expandable_segments.cpp).
   static constexpr std::size_t k_address_space_per_device_memory = 4;
@@ -356,7 +360,8 @@ class caching_allocator {
   // --- expandable segments and stitching (expandable_segments.cpp) ---
   block* grow_expandable_locked(std::size_t rounded, stream_handle stream, bool small, bool may_stitch);
   bool stitching_wanted_locked(std::size_t chunks, std::size_t rounded) const;
-  bool stitch_cycle_allows_locked(std::size_t rounded);
+  double allocation_peak_with_locked(std::size_t rounded) const;
+  bool stitch_cycle_allows_locked(std::size_t chunks, std::size_t rounded);
   std::pair<std::int64_t, std::size_t> stitch_key_locked(std::size_t rounded) const;
   void count_stitch_locked(std::size_t rounded);
   placement place_locked(const free_block_index& unmapped, std::size_t rounded, stream_handle stream) const;
@@ -566,6 +571,7 @@ class caching_allocator {
   };
   std::map<std::pair<std::int64_t, std::size_t>, stitch_count> stitch_runs_;
   std::pair<std::int64_t, std::size_t> last_stitch_{-1, 0};
+  std::size_t cycle_grown_bytes_ = 0;  // grown instead of stitching, since the history began
   std::map<pool_id, private_pool> private_pools_;
   std::vector<capture> captures_;
   std::atomic<int> capture_count_{0};
