@@ -120,12 +120,12 @@
 //   peak; past that the stitch goes ahead, within k_stitches_per_key. A
 //   refusal's growth is the whole request's chunks, and on a serving
 //   workload that is a large share of the peak: bert_serve with every
-//   request size scaled by 1.1 refused a 181 MiB stitch at its peak and
-//   mapped 90 MiB with 134 MiB of idle chunks cached (1.1318, now
-//   1.0160). Over the corpus scaled by 0.5 to 3.0 (scripts/
-//   scale_traces.py) no trace got worse by more than 0.006 and ten
-//   better (bert_serve x2.0 1.0582 -> 1.0115, x0.5 1.0865 -> 1.0412);
-//   the corpus is unchanged. A share of 1% made
+//   request size scaled by 1.1 refused a 181 MiB stitch near its peak
+//   and mapped 90 MiB anew; at the reserved peak that followed, 134 MiB
+//   of idle chunks sat cached (1.1318, now 1.0160). Over the corpus
+//   scaled by 0.5 to 3.0 (scripts/scale_traces.py) no trace got worse by
+//   more than 0.006 and ten better (bert_serve x2.0 1.0582 -> 1.0115,
+//   x0.5 1.0865 -> 1.0412); the corpus is unchanged. A share of 1% made
 //   resnet50_fixed_batch with small_size_kb:1024 stitch its loop 149
 //   times (1.0306) where 2% keeps 31 (1.0221), as without the share.
 // - What it bounds: at most two runs per stitch point of a loop, after
