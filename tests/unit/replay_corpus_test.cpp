@@ -190,7 +190,9 @@ std::vector<trace_file_event> scaled(const std::vector<trace_file_event>& events
       default:
         break;
     }
-    if (e.size > 0) e.size = std::max<std::uint64_t>(1, static_cast<std::uint64_t>(static_cast<double>(e.size) * factor));
+    if (e.size > 0) {
+      e.size = std::max<std::uint64_t>(1, static_cast<std::uint64_t>(static_cast<double>(e.size) * factor));
+    }
     out.push_back(e);
   }
   return out;
