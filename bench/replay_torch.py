@@ -89,11 +89,29 @@ def read_trace(path, actions):
     return events, count
 
 
+def with_allocations_before_recording(events):
+    """`events` with an alloc put first for each block the trace frees
+    before any alloc or free_completed of its address: it was allocated
+    before recording began (streamalloc-replay does the same)."""
+    seen = set()
+    earlier = []
+    for action, addr, size, stream in events:
+        if action == "alloc":
+            seen.add(addr)
+        elif action == "free_completed" and addr not in seen:
+            seen.add(addr)
+            earlier.append(("alloc", addr, size, stream))
+    return earlier + events if earlier else events
+
+
 def trace_figures(events):
     """Peak live bytes, and the native allocator's recorded reserved curve
-    sampled at every alloc/free_completed op."""
+    sampled at every alloc/free_completed op. What native reserved before
+    recording began is the least that holds every live byte at every event
+    (0 for a trace recorded from the start); the curve includes it."""
     live = {}
-    live_bytes = peak_live = reserved = peak_reserved = 0
+    live_bytes = peak_live = reserved = peak_reserved = before = 0
+    recorded = False  # any segment event
     curve = []
     for action, addr, size, _ in events:
         if action == "alloc":
@@ -105,11 +123,16 @@ def trace_figures(events):
             live_bytes -= live.pop(addr)
             curve.append((live_bytes, reserved))
         elif action in ("segment_alloc", "segment_map"):
+            recorded = True
             reserved += size
             peak_reserved = max(peak_reserved, reserved)
         elif action in ("segment_free", "segment_unmap"):
+            recorded = True
             reserved -= size
-    return peak_live, peak_reserved, curve
+        before = max(before, live_bytes - reserved)
+    if not recorded:
+        return peak_live, 0, curve
+    return peak_live, before + peak_reserved, [(lb, r + before) for lb, r in curve]
 
 
 def write_timeline(path, rows):
@@ -133,6 +156,7 @@ def worker(mode, trace, out_path, timeline_path):
     if backend != expected:
         raise SystemExit(f"replay_torch: mode {mode} expects allocator backend '{expected}', got '{backend}'")
     events, event_count = read_trace(trace, REPLAYED)
+    events = with_allocations_before_recording(events)
 
     streams = {0: torch.cuda.default_stream(0)}
     for _, _, _, handle in events:
@@ -360,6 +384,7 @@ def main():
     for trace in args.traces:
         name = trace_name(trace)
         events, event_count = read_trace(trace, RECORDED)
+        events = with_allocations_before_recording(events)
         peak_live, recorded_peak, curve = trace_figures(events)
         del events
         entry = {"trace": trace, "events": event_count, "peak_live_bytes": peak_live, "modes": {}}

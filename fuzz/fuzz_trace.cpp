@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "recording_start.hpp"
 #include "streamalloc/backend/sim_backend.hpp"
 #include "streamalloc/core/caching_allocator.hpp"
 #include "streamalloc/core/config.hpp"
@@ -63,6 +64,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   } catch (const trace_error&) {
     return 0;
   }
+  // As streamalloc-replay loads a trace.
+  add_allocations_before_recording(&events);
   sim_config device;
   device.capacity_bytes = 1_GiB;
   sim_backend sim(device);

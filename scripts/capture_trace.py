@@ -13,6 +13,14 @@ streamalloc-replay and bench/replay_torch.py.
         converts a pickle written by torch.cuda.memory._dump_snapshot
 
 The output is gzip'd when its name ends in .gz.
+
+A snapshot taken after recording began mid-run (_record_memory_history
+called after a model was loaded, or a ring of max_entries that overwrote
+the oldest events) lacks the allocs of blocks that were live before. The
+blocks the snapshot still holds and the trace never names are written as
+alloc events at the start of the file. Blocks the trace frees without an
+alloc are left as recorded: streamalloc-replay and replay_torch.py replay
+them as allocated before the first event.
 """
 
 import argparse
@@ -40,15 +48,61 @@ KNOWN_ACTIONS = {
 }
 
 
+def blocks(count):
+    return f"{count} block" + ("" if count == 1 else "s")
+
+
+def replayed_addresses(entries):
+    """The addresses an alloc or free_completed of `entries` names."""
+    return {int(e.get("addr", 0)) for e in entries if e["action"] in ("alloc", "free_completed")}
+
+
+def live_before_recording(snapshot, device, entries):
+    """Alloc entries for the blocks `snapshot` holds on `device` (allocated,
+    or freed and waiting for their streams) whose address `entries` never
+    names: they were allocated before recording began and stayed live."""
+    named = replayed_addresses(entries)
+    allocs = []
+    for segment in snapshot.get("segments", []):
+        if segment.get("device", device) != device:
+            continue
+        for block in segment.get("blocks", []):
+            address = int(block["address"])
+            if block.get("state") in ("active_allocated", "active_pending_free") and address not in named:
+                allocs.append({"action": "alloc", "addr": address, "size": int(block["size"]),
+                               "stream": int(segment.get("stream", 0))})
+    return allocs
+
+
+def freed_before_allocated(entries):
+    """{address: size} of the blocks `entries` frees before any alloc or
+    free_completed of their address names them."""
+    seen = set()
+    freed = {}
+    for entry in entries:
+        action = entry["action"]
+        if action not in ("alloc", "free_completed"):
+            continue
+        addr = int(entry.get("addr", 0))
+        if action == "free_completed" and addr not in seen:
+            freed[addr] = int(entry.get("size", 0))
+        seen.add(addr)
+    return freed
+
+
 def write_trace(entries, path):
     """Writes `entries` (torch TraceEntry dicts) to `path`; returns counts
-    and the peak of live allocated bytes for a summary line."""
+    and the peak of live allocated bytes for a summary line. Blocks freed
+    before any alloc are live from the start, and native reserved at
+    least what holds every live byte before recording began."""
     opener = gzip.open if path.endswith(".gz") else open
-    live = {}
-    live_bytes = 0
-    peak_live = 0
+    live = freed_before_allocated(entries)
+    live_bytes = sum(live.values())
+    peak_live = live_bytes
     reserved = 0
     peak_reserved = 0
+    before = 0  # native's reserved bytes before recording began, at least
+    recorded = False  # any segment event
     counts = {}
     with opener(path, "wt", newline="") as out:
         writer = csv.writer(out, lineterminator="\n")
@@ -68,11 +122,14 @@ def write_trace(entries, path):
             elif action == "free_completed":
                 live_bytes -= live.pop(addr, 0)
             elif action in ("segment_alloc", "segment_map"):
+                recorded = True
                 reserved += size
                 peak_reserved = max(peak_reserved, reserved)
             elif action in ("segment_free", "segment_unmap"):
+                recorded = True
                 reserved -= size
-    return counts, peak_live, peak_reserved
+            before = max(before, live_bytes - reserved)
+    return counts, peak_live, before + peak_reserved if recorded else 0
 
 
 def summarize(path, counts, peak_live, peak_reserved):
@@ -163,9 +220,25 @@ def main():
 
         device = args.device if args.device is not None else torch.cuda.current_device()
     entries = device_trace(snapshot, device, source)
-    if len(entries) >= args.max_entries:
+    recorded_entries = len(entries)
+    earlier = live_before_recording(snapshot, device, entries)
+    freed_early = freed_before_allocated(entries)
+    if earlier:
         print(
-            f"capture_trace: warning: {len(entries)} entries reached --max-entries; the oldest were overwritten "
+            f"capture_trace: {blocks(len(earlier))} ({sum(e['size'] for e in earlier):,} B) live before recording "
+            "began and never named by the trace were written as alloc events at its start",
+            file=sys.stderr,
+        )
+        entries = earlier + list(entries)
+    if freed_early:
+        print(
+            f"capture_trace: {blocks(len(freed_early))} ({sum(freed_early.values()):,} B) are freed without an alloc "
+            "(allocated before recording began); replay allocates them before the first event",
+            file=sys.stderr,
+        )
+    if recorded_entries >= args.max_entries:
+        print(
+            f"capture_trace: warning: {recorded_entries} entries reached --max-entries; the oldest were overwritten "
             "and the trace starts mid-run",
             file=sys.stderr,
         )

@@ -28,6 +28,7 @@
 #include "streamalloc/util/errors.hpp"
 #include "streamalloc/util/json_writer.hpp"
 #include "peak_anatomy.hpp"
+#include "recording_start.hpp"
 #include "replay_calls.hpp"
 #include "trace_reader.hpp"
 #include "trace_replay.hpp"
@@ -252,6 +253,8 @@ void json_members(json_writer& w, const replay_result& r) {
   const bool native = r.native_segments > 0;
   w.key("events").value(r.events).key("ops").value(r.ops).key("allocs").value(r.allocs);
   w.key("frees").value(r.frees).key("live_at_end").value(r.live_at_end);
+  w.key("allocs_before_recording").value(r.allocs_before_recording);
+  w.key("bytes_before_recording").value(r.bytes_before_recording);
   w.key("peak_allocated_bytes").value(r.peak_allocated_bytes);
   w.key("trace_peak_live_bytes").value(r.trace_peak_live_bytes);
   w.key("peak_reserved_bytes").value(r.peak_reserved_bytes);
@@ -266,6 +269,7 @@ void json_members(json_writer& w, const replay_result& r) {
   w.key("native_segment_allocs").value(r.native_segment_allocs);
   w.key("native_segment_maps").value(r.native_segment_maps);
   w.key("native_peak_reserved_bytes").value(r.native_peak_reserved_bytes);
+  w.key("native_reserved_before_recording_bytes").value(r.native_reserved_before_recording_bytes);
   w.key("native_frag_ratio");
   if (native) {
     w.value(r.native_frag_ratio, 6);
@@ -409,6 +413,12 @@ void print_table(const options& opts, const allocator_config& config, const repl
   std::printf("          %llu events: %llu allocs, %llu frees, %llu never freed\n",
               static_cast<unsigned long long>(r.events), static_cast<unsigned long long>(r.allocs),
               static_cast<unsigned long long>(r.frees), static_cast<unsigned long long>(r.live_at_end));
+  if (r.allocs_before_recording > 0) {
+    std::printf("          recorded mid-run: %llu block%s (%s) freed without an alloc in the trace,\n"
+                "          replayed as allocated before its first event\n",
+                static_cast<unsigned long long>(r.allocs_before_recording), r.allocs_before_recording == 1 ? "" : "s",
+                format_bytes(r.bytes_before_recording).c_str());
+  }
   std::printf("device    %s (%s), capacity %s\n", opts.backend.c_str(), device_label(opts.backend).c_str(),
               bytes_cell(opts.capacity_bytes).c_str());
   std::printf("config    %s\n\n", config.to_string().c_str());
@@ -453,6 +463,11 @@ void print_table(const options& opts, const allocator_config& config, const repl
       std::printf("its segment_map events (one run of pages mapped at once,\nexpandable_segments:True)");
     }
     std::printf(".\n");
+    if (r.native_reserved_before_recording_bytes > 0) {
+      std::printf("native's peak reserved counts %s reserved before recording began: the\n"
+                  "least that holds every live byte the trace shows, so native's is a lower bound.\n",
+                  format_bytes(r.native_reserved_before_recording_bytes).c_str());
+    }
   } else {
     std::printf(". The trace has no segment events, so native's figures are unknown.\n");
   }
@@ -620,9 +635,16 @@ struct trace_outcome {
 
 // Loads and replays `path` on a fresh device; *capacity_bytes becomes the
 // device's size (the GPU's with --backend cuda).
+// The trace at `path`, with the allocations made before its recording began.
+std::vector<trace_file_event> load_for_replay(const std::string& path) {
+  std::vector<trace_file_event> events = load_trace(path);
+  add_allocations_before_recording(&events);
+  return events;
+}
+
 replay_result replay_one(options opts, const std::string& path, const allocator_config& config,
                          std::size_t* capacity_bytes) {
-  std::vector<trace_file_event> events = load_trace(path);
+  std::vector<trace_file_event> events = load_for_replay(path);
   const replay_device device = open_device(&opts, events);
   *capacity_bytes = opts.capacity_bytes;
   caching_allocator allocator(*device.backend, config);
@@ -740,6 +762,13 @@ void print_all_table(const options& opts, const allocator_config& config, const 
     std::printf(", worst %.4f (%s), over %zu traces replayed\n", s.worst_ratio, s.worst_trace.c_str(), s.replayed);
   }
   if (s.failed > 0) std::printf("%zu of %zu traces could not be replayed\n", s.failed, traces.size());
+  for (const trace_outcome& t : traces) {
+    if (!t.error.empty() || t.result.allocs_before_recording == 0) continue;
+    std::printf("%s was recorded mid-run: %llu block%s freed without an alloc in it, replayed as\n"
+                "allocated before its first event\n",
+                t.name.c_str(), static_cast<unsigned long long>(t.result.allocs_before_recording),
+                t.result.allocs_before_recording == 1 ? "" : "s");
+  }
   std::printf("\nratio: streamalloc's peak reserved / peak allocated, replayed on the %s;\n"
               "1.0 is the floor (every reserved byte in use at the peak). native: the same for\n"
               "PyTorch's native allocator as recorded in the trace's segment events ('-' when\n"
@@ -860,7 +889,7 @@ int main(int argc, char** argv) {
   }
 
   try {
-    std::vector<trace_file_event> events = load_trace(opts.trace);
+    std::vector<trace_file_event> events = load_for_replay(opts.trace);
     const replay_device device = open_device(&opts, events);
     replay_result result;
     {

@@ -31,6 +31,9 @@ const char* to_string(trace_file_action action);
 
 struct trace_file_event {
   trace_file_action action = trace_file_action::other;
+  // An alloc the file does not hold: the block was allocated before
+  // recording began (add_allocations_before_recording).
+  bool before_recording = false;
   std::uint64_t addr = 0;
   std::uint64_t size = 0;
   std::uint64_t stream = 0;  // raw stream handle, 0 = default stream

@@ -19,6 +19,9 @@ struct trace_figures {
   std::uint64_t native_segment_allocs = 0;
   std::uint64_t native_segment_maps = 0;
   std::size_t native_peak_reserved_bytes = 0;
+  std::size_t native_reserved_before_recording_bytes = 0;
+  std::uint64_t allocs_before_recording = 0;
+  std::uint64_t bytes_before_recording = 0;
 };
 
 constexpr int k_all = static_cast<int>(stat_type::all);
@@ -29,9 +32,12 @@ trace_figures examine_trace(const std::vector<trace_file_event>& events, const s
   std::unordered_map<std::uint64_t, std::uint64_t> live_sizes;  // trace address -> requested size
   std::uint64_t live_bytes = 0;
   // Signed: recording may start after segments were made, so frees can
-  // outnumber allocations early in a trace.
+  // outnumber allocations early in a trace. What native reserved before
+  // recording began is the least that keeps every live byte of the trace
+  // (those allocated before it too) inside reserved memory.
   std::int64_t native_reserved = 0;
   std::int64_t native_peak = 0;
+  std::int64_t native_before = 0;
   for (const trace_file_event& e : events) {
     switch (e.action) {
       case trace_file_action::alloc: {
@@ -39,7 +45,12 @@ trace_figures examine_trace(const std::vector<trace_file_event>& events, const s
           throw trace_error(path, e.line, "alloc at address " + std::to_string(e.addr) + ", which is already live");
         }
         ++figures.allocs;
+        if (e.before_recording) {
+          ++figures.allocs_before_recording;
+          figures.bytes_before_recording += e.size;
+        }
         live_bytes += e.size;
+        native_before = std::max(native_before, static_cast<std::int64_t>(live_bytes) - native_reserved);
         figures.peak_live_bytes = std::max<std::size_t>(figures.peak_live_bytes, live_bytes);
         figures.peak_live_allocations = std::max(figures.peak_live_allocations, live_sizes.size());
         break;
@@ -63,6 +74,7 @@ trace_figures examine_trace(const std::vector<trace_file_event>& events, const s
       case trace_file_action::segment_free:
       case trace_file_action::segment_unmap:
         native_reserved -= static_cast<std::int64_t>(e.size);
+        native_before = std::max(native_before, static_cast<std::int64_t>(live_bytes) - native_reserved);
         break;
       case trace_file_action::free_requested:
       case trace_file_action::other:
@@ -76,7 +88,11 @@ trace_figures examine_trace(const std::vector<trace_file_event>& events, const s
                                    " events: nothing to measure");
   }
   figures.live_at_end = live_sizes.size();
-  figures.native_peak_reserved_bytes = static_cast<std::size_t>(native_peak);
+  const bool native_recorded = figures.native_segment_allocs + figures.native_segment_maps > 0;
+  if (native_recorded) {
+    figures.native_reserved_before_recording_bytes = static_cast<std::size_t>(native_before);
+    figures.native_peak_reserved_bytes = static_cast<std::size_t>(native_before + native_peak);
+  }
   return figures;
 }
 
@@ -168,6 +184,9 @@ replay_result replay_trace(const std::vector<trace_file_event>& events, caching_
   result.native_segment_maps = figures.native_segment_maps;
   result.native_segments = figures.native_segment_allocs + figures.native_segment_maps;
   result.native_peak_reserved_bytes = figures.native_peak_reserved_bytes;
+  result.native_reserved_before_recording_bytes = figures.native_reserved_before_recording_bytes;
+  result.allocs_before_recording = figures.allocs_before_recording;
+  result.bytes_before_recording = figures.bytes_before_recording;
   result.native_frag_ratio = ratio(figures.native_peak_reserved_bytes, figures.peak_live_bytes);
   return result;
 }

@@ -23,6 +23,9 @@ struct replay_result {
   std::uint64_t ops = 0;     // allocs + frees: the calls that were timed
   // Allocations the trace never frees; replay frees them after timing.
   std::uint64_t live_at_end = 0;
+  // Of allocs, those made before recording began (add_allocations_before_recording).
+  std::uint64_t allocs_before_recording = 0;
+  std::uint64_t bytes_before_recording = 0;
 
   // Peak of the sum of live requested sizes, computed from the trace alone.
   std::size_t trace_peak_live_bytes = 0;
@@ -51,6 +54,9 @@ struct replay_result {
   std::uint64_t native_segment_allocs = 0;  // segment_alloc events: one cudaMalloc each
   std::uint64_t native_segment_maps = 0;    // segment_map events: one mapped run of pages each (expandable)
   std::size_t native_peak_reserved_bytes = 0;
+  // Of native_peak_reserved_bytes, what the trace shows was reserved before
+  // recording began, at least: 0 for a trace recorded from the start.
+  std::size_t native_reserved_before_recording_bytes = 0;
   double native_frag_ratio = 0.0;  // native peak reserved / trace peak live bytes
 };
 

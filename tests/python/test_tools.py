@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gzip
 import importlib.util
+import pickle
 import re
 import shutil
 import subprocess
@@ -106,6 +107,61 @@ def test_scale_traces_scales_every_request_and_drops_native_segments(tmp_path):
                               str(tmp_path / "never"), "0"], capture_output=True, text=True)
     assert refused.returncode != 0 and "factor must be positive" in refused.stderr
     assert not (tmp_path / "never").exists()
+
+
+def test_capture_trace_writes_the_blocks_live_before_recording_began(tmp_path):
+    # Recording began with 4096 (live to the end) and 8192 (freed in the
+    # trace) allocated; 12288 was allocated and freed while recording.
+    snapshot = {
+        "segments": [
+            {"device": 0, "address": 4096, "stream": 7, "blocks": [
+                {"address": 4096, "size": 1536, "state": "active_allocated"},
+                {"address": 5632, "size": 512, "state": "inactive"},
+            ]},
+            {"device": 1, "address": 4096, "stream": 0, "blocks": [
+                {"address": 4096, "size": 99, "state": "active_allocated"},
+            ]},
+        ],
+        "device_traces": [[
+            {"action": "segment_free", "addr": 65536, "size": 2097152, "stream": 0},
+            {"action": "alloc", "addr": 12288, "size": 1024, "stream": 0},
+            {"action": "free_completed", "addr": 8192, "size": 2048, "stream": 0},
+            {"action": "free_completed", "addr": 12288, "size": 1024, "stream": 0},
+        ]],
+    }
+    pickle_path = tmp_path / "snap.pickle"
+    pickle_path.write_bytes(pickle.dumps(snapshot))
+    out = tmp_path / "t.trace.csv"
+    run = subprocess.run([sys.executable, str(REPO / "scripts" / "capture_trace.py"), "-o", str(out),
+                          "--from-pickle", str(pickle_path)], capture_output=True, text=True, check=True)
+    assert out.read_text().splitlines() == [
+        "action,addr,size,stream", "alloc,4096,1536,7", "segment_free,65536,2097152,0", "alloc,12288,1024,0",
+        "free_completed,8192,2048,0", "free_completed,12288,1024,0"]
+    assert "1 block (1,536 B) live before recording began" in run.stderr
+    assert "1 block (2,048 B) are freed without an alloc" in run.stderr
+    # 4096 and 8192 live from the start, then 12288 too: 4,608 B; native
+    # held them and the 2 MiB segment it freed.
+    assert "peak live 4,608 B, native peak reserved 2,101,760 B" in run.stderr
+
+
+def test_replay_torch_replays_blocks_freed_before_allocated_as_allocated_first():
+    spec = importlib.util.spec_from_file_location("replay_torch", REPO / "bench" / "replay_torch.py")
+    sys.path.insert(0, str(REPO / "bench"))
+    try:
+        replay_torch = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(replay_torch)
+    finally:
+        sys.path.remove(str(REPO / "bench"))
+    events = [("segment_free", 0, 20971520, 0), ("alloc", 8192, 3000, 0), ("free_completed", 4096, 1000, 5),
+              ("free_completed", 8192, 3000, 0)]
+    replayed = replay_torch.with_allocations_before_recording(events)
+    assert replayed == [("alloc", 4096, 1000, 5), *events]
+    peak_live, native_peak, curve = replay_torch.trace_figures(replayed)
+    assert peak_live == 4000
+    assert native_peak == 20971520 + 4000
+    assert curve[0] == (1000, 20971520 + 4000)
+    assert replay_torch.trace_figures([("alloc", 1, 512, 0)]) == (512, 0, [(512, 0)])
+    assert replay_torch.with_allocations_before_recording(events[1:2]) == events[1:2]
 
 
 SAMPLED_PROGRAM = r"""

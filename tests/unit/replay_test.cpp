@@ -17,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "recording_start.hpp"
 #include "streamalloc/backend/sim_backend.hpp"
 #include "streamalloc/core/caching_allocator.hpp"
 #include "streamalloc/core/config.hpp"
@@ -318,6 +319,75 @@ TEST_CASE("replay rejects inconsistent traces before touching the allocator", "[
   CHECK(allocator.stats().allocation[static_cast<int>(stat_type::all)].allocated == 0);
 }
 
+TEST_CASE("a trace recorded mid-run replays the blocks it frees unallocated as allocated first", "[replay]") {
+  // Recording began while 4096 (1 MB, stream 7) and 8192 (2 MB) were live,
+  // in a segment of 20 MiB that is freed once they are.
+  std::vector<trace_file_event> events = {
+      event(trace_file_action::alloc, 65536, 3000000, 2),
+      event(trace_file_action::free_requested, 4096, 1000000, 3, 7),
+      event(trace_file_action::free_completed, 4096, 1000000, 4, 7),
+      event(trace_file_action::alloc, 4096, 512, 5),  // the address again, now a block of the trace
+      event(trace_file_action::free_completed, 8192, 2000000, 6),
+      event(trace_file_action::segment_free, 0, 20971520, 7),
+      event(trace_file_action::free_completed, 4096, 512, 8),
+      event(trace_file_action::segment_alloc, 1_GiB, 4194304, 9),
+  };
+  const allocations_before_recording added = add_allocations_before_recording(&events);
+  CHECK(added.blocks == 2);
+  CHECK(added.bytes == 3000000);
+  REQUIRE(events.size() == 10);
+  CHECK(events[0].action == trace_file_action::alloc);
+  CHECK(events[0].before_recording);
+  CHECK(events[0].addr == 4096);
+  CHECK(events[0].stream == 7);
+  CHECK(events[0].line == 4);  // the free that shows it
+  CHECK(events[1].addr == 8192);
+  CHECK(events[1].size == 2000000);
+  CHECK_FALSE(events[2].before_recording);
+  CHECK(add_allocations_before_recording(&events).blocks == 0);  // nothing is added twice
+
+  sim_backend backend(sim_device(1_GiB));
+  caching_allocator allocator(backend, allocator_config{});
+  const replay_result result = replay_trace(events, allocator, "mid-run");
+  CHECK(result.allocs == 4);
+  CHECK(result.allocs_before_recording == 2);
+  CHECK(result.bytes_before_recording == 3000000);
+  CHECK(result.frees == 3);
+  CHECK(result.live_at_end == 1);
+  CHECK(result.trace_peak_live_bytes == 6000000);
+  CHECK(result.peak_allocated_bytes == 6000000);
+  // When its 20 MiB segment went, native still held 3,000,512 live bytes:
+  // it reserved at least that much more than 20 MiB before recording began.
+  CHECK(result.native_reserved_before_recording_bytes == 20971520 + 3000512);
+  CHECK(result.native_peak_reserved_bytes == 20971520 + 3000512);
+  REQUIRE_NOTHROW(allocator.validate());
+
+  SECTION("a free of an address the trace already freed is still rejected") {
+    std::vector<trace_file_event> twice = {
+        event(trace_file_action::free_completed, 4096, 512, 2),
+        event(trace_file_action::free_completed, 4096, 512, 3),
+    };
+    CHECK(add_allocations_before_recording(&twice).blocks == 1);
+    caching_allocator fresh(backend, allocator_config{});
+    REQUIRE_THROWS_WITH(replay_trace(twice, fresh, "t.csv"), "t.csv:3: free_completed of address 4096, which is not live");
+  }
+}
+
+TEST_CASE("a trace recorded from the start gives native no memory from before it", "[replay]") {
+  const std::vector<trace_file_event> events = {
+      event(trace_file_action::segment_alloc, 4096, 20971520, 2),
+      event(trace_file_action::alloc, 4096, 1000000, 3),
+      event(trace_file_action::free_completed, 4096, 1000000, 4),
+      event(trace_file_action::segment_free, 4096, 20971520, 5),
+  };
+  sim_backend backend(sim_device(1_GiB));
+  caching_allocator allocator(backend, allocator_config{});
+  const replay_result result = replay_trace(events, allocator, "from the start");
+  CHECK(result.allocs_before_recording == 0);
+  CHECK(result.native_reserved_before_recording_bytes == 0);
+  CHECK(result.native_peak_reserved_bytes == 20971520);
+}
+
 TEST_CASE("replay reports running out of memory with the trace line", "[replay]") {
   sim_backend backend(sim_device(64_MiB));
   caching_allocator allocator(backend, allocator_config{});
@@ -603,6 +673,18 @@ TEST_CASE("streamalloc-replay rejects unknown actions and empty traces", "[repla
     INFO(run.output);
     CHECK(run.exit_code == 1);
     CHECK(run.output.find(empty + ":1: empty trace") != std::string::npos);
+  }
+  SECTION("a trace recorded mid-run") {
+    const std::string mid_run = dir.write("mid_run.csv", "action,addr,size,stream\nalloc,8192,2097152,0\n"
+                                                         "free_completed,4096,1048576,0\nfree_completed,8192,2097152,0\n");
+    const command_result run = run_replay(quote(mid_run));
+    INFO(run.output);
+    CHECK(run.exit_code == 0);
+    CHECK(run.output.find("recorded mid-run: 1 block (1.00 MiB) freed without an alloc in the trace") !=
+          std::string::npos);
+    const command_result json = run_replay("--json " + quote(mid_run));
+    CHECK(json_value(json.output, "allocs_before_recording") == "1");
+    CHECK(json_value(json.output, "peak_allocated_bytes") == "3145728");
   }
   SECTION("segment events only") {
     const std::string segments = dir.write("segments.csv", "action,addr,size,stream\nsegment_alloc,4096,2097152,0\n");
