@@ -101,6 +101,7 @@ peak_anatomy examine_reserved_peak(const std::vector<trace_file_event>& events,
         out.found = true;
         out.op = pending_op;
         out.line = pending->line;
+        out.before_recording = pending->before_recording;
         out.request_bytes = pending->size;
         out.stream = pending->stream;
         out.reserved_after = reserved;

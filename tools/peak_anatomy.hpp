@@ -36,6 +36,8 @@ struct peak_anatomy {
   // allocate/free calls (as in --timeline), its line, size and stream.
   std::uint64_t op = 0;
   std::uint64_t line = 0;
+  // The allocation was made before recording began (its line is its free's).
+  bool before_recording = false;
   std::size_t request_bytes = 0;
   std::uint64_t stream = 0;
   std::size_t reserved_after = 0;  // the peak

@@ -286,7 +286,8 @@ void json_anatomy(json_writer& w, const peak_anatomy& a) {
     return;
   }
   w.begin_object();
-  w.key("op").value(a.op).key("line").value(a.line).key("request_bytes").value(a.request_bytes);
+  w.key("op").value(a.op).key("line").value(a.line).key("before_recording").value(a.before_recording);
+  w.key("request_bytes").value(a.request_bytes);
   w.key("stream").value(a.stream).key("reserved_before").value(a.reserved_before);
   w.key("reserved_after").value(a.reserved_after).key("requested_bytes").value(a.requested_bytes);
   w.key("rounding_bytes").value(a.rounding_bytes).key("pending_free_bytes").value(a.pending_free_bytes);
@@ -384,9 +385,11 @@ void print_anatomy(const peak_anatomy& a) {
     std::printf("\npeak anatomy: nothing was reserved\n");
     return;
   }
-  std::printf("\nreserved peak: allocate/free call %llu (trace line %llu) allocated %s on stream %llu\n"
+  std::printf("\nreserved peak: allocate/free call %llu (%s %llu) allocated %s on stream %llu\n"
               "and took reserved memory from %s to %s (+%s). Just before it:\n",
-              static_cast<unsigned long long>(a.op), static_cast<unsigned long long>(a.line),
+              static_cast<unsigned long long>(a.op),
+              a.before_recording ? "made before recording began, freed at trace line" : "trace line",
+              static_cast<unsigned long long>(a.line),
               format_bytes(a.request_bytes).c_str(), static_cast<unsigned long long>(a.stream),
               format_bytes(a.reserved_before).c_str(), format_bytes(a.reserved_after).c_str(),
               format_bytes(a.reserved_after - a.reserved_before).c_str());

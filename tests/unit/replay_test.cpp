@@ -685,6 +685,14 @@ TEST_CASE("streamalloc-replay rejects unknown actions and empty traces", "[repla
     const command_result json = run_replay("--json " + quote(mid_run));
     CHECK(json_value(json.output, "allocs_before_recording") == "1");
     CHECK(json_value(json.output, "peak_allocated_bytes") == "3145728");
+    // The block from before recording set the reserved peak; the anatomy says so.
+    const std::string early_peak = dir.write("early_peak.csv", "action,addr,size,stream\nfree_completed,4096,50000000,0\n"
+                                                               "alloc,8192,1000,0\n");
+    const command_result anatomy = run_replay("--peak-anatomy " + quote(early_peak));
+    INFO(anatomy.output);
+    CHECK(anatomy.output.find("allocate/free call 0 (made before recording began, freed at trace line 2)") !=
+          std::string::npos);
+    CHECK(json_value(run_replay("--json --peak-anatomy " + quote(early_peak)).output, "before_recording") == "true");
   }
   SECTION("segment events only") {
     const std::string segments = dir.write("segments.csv", "action,addr,size,stream\nsegment_alloc,4096,2097152,0\n");
