@@ -106,9 +106,10 @@ def with_allocations_before_recording(events):
 
 def trace_figures(events):
     """Peak live bytes, and the native allocator's recorded reserved curve
-    sampled at every alloc/free_completed op. What native reserved before
-    recording began is the least that holds every live byte at every event
-    (0 for a trace recorded from the start); the curve includes it."""
+    sampled at every alloc/free_completed op, and what native reserved
+    before recording began: the least that holds every live byte at every
+    event (0 for a trace recorded from the start), which the peak and the
+    curve include."""
     live = {}
     live_bytes = peak_live = reserved = peak_reserved = before = 0
     recorded = False  # any segment event
@@ -131,8 +132,8 @@ def trace_figures(events):
             reserved -= size
         before = max(before, live_bytes - reserved)
     if not recorded:
-        return peak_live, 0, curve
-    return peak_live, before + peak_reserved, [(lb, r + before) for lb, r in curve]
+        return peak_live, 0, curve, 0
+    return peak_live, before + peak_reserved, [(lb, r + before) for lb, r in curve], before
 
 
 def write_timeline(path, rows):
@@ -290,7 +291,8 @@ def print_tables(results, columns, streamalloc_backend):
         "torch.cuda.caching_allocator_alloc/_delete, streamalloc through "
         f"`streamalloc-replay --backend {streamalloc_backend}`: \"streamalloc\" with its default settings "
         "(expandable segments and stitching), \"streamalloc plain\" with `--conf expandable_segments:False`. "
-        "\"native (recorded)\" is what torch's native allocator reserved while the trace was recorded."
+        "\"native (recorded)\" is what torch's native allocator reserved while the trace was recorded "
+        "(\">=\": a lower bound, for a trace recorded mid-run)."
     )
     print()
     header = "| trace | events | peak live GiB | " + " | ".join(COLUMNS[c] for c in columns) + " |"
@@ -301,7 +303,8 @@ def print_tables(results, columns, streamalloc_backend):
         cells = []
         for c in columns:
             m = r["modes"].get(c, {})
-            cells.append(f"{m['peak_reserved_bytes'] / r['peak_live_bytes']:.3f}" if "peak_reserved_bytes" in m
+            bound = ">=" if m.get("lower_bound") else ""
+            cells.append(f"{bound}{m['peak_reserved_bytes'] / r['peak_live_bytes']:.3f}" if "peak_reserved_bytes" in m
                          and r["peak_live_bytes"] else missing_cell(m))
         print(f"| {name} | {r['events']} | {gib(r['peak_live_bytes'])} | " + " | ".join(cells) + " |")
     print()
@@ -315,6 +318,8 @@ def print_tables(results, columns, streamalloc_backend):
             m = r["modes"].get(c, {})
             if "peak_reserved_bytes" not in m:
                 cells.append(missing_cell(m))
+            elif m.get("lower_bound"):
+                cells.append(">=" + gib(m["peak_reserved_bytes"]))
             elif "peak_allocated_bytes" in m:
                 cells.append(f"{gib(m['peak_reserved_bytes'])} ({gib(m['peak_allocated_bytes'])})")
             else:
@@ -385,11 +390,11 @@ def main():
         name = trace_name(trace)
         events, event_count = read_trace(trace, RECORDED)
         events = with_allocations_before_recording(events)
-        peak_live, recorded_peak, curve = trace_figures(events)
+        peak_live, recorded_peak, curve, before = trace_figures(events)
         del events
         entry = {"trace": trace, "events": event_count, "peak_live_bytes": peak_live, "modes": {}}
         entry["modes"]["recorded"] = (
-            {"mode": "recorded", "peak_reserved_bytes": recorded_peak} if recorded_peak
+            {"mode": "recorded", "peak_reserved_bytes": recorded_peak, "lower_bound": before > 0} if recorded_peak
             else {"mode": "recorded", "error": "the trace has no segment events"}
         )
 

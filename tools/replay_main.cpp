@@ -248,9 +248,13 @@ std::string device_label(const std::string& backend) {
   return backend == "sim" ? "simulated device" : "CUDA device 0";
 }
 
+// Native's figures are only a lower bound when its memory from before the
+// recording had to be guessed.
+bool native_lower_bound(const replay_result& r) { return r.native_reserved_before_recording_bytes > 0; }
+
 // One trace's figures as members of the current JSON object.
 void json_members(json_writer& w, const replay_result& r) {
-  const bool native = r.native_segments > 0;
+  const bool native = r.native_recorded;
   w.key("events").value(r.events).key("ops").value(r.ops).key("allocs").value(r.allocs);
   w.key("frees").value(r.frees).key("live_at_end").value(r.live_at_end);
   w.key("allocs_before_recording").value(r.allocs_before_recording);
@@ -346,6 +350,7 @@ std::string native_device_allocations(const replay_result& r) {
     if (!text.empty()) text += " + ";
     text += std::to_string(r.native_segment_maps) + " mapped runs";
   }
+  if (text.empty()) text = "none made";
   return text;
 }
 
@@ -409,7 +414,7 @@ void print_anatomy(const peak_anatomy& a) {
 }
 
 void print_table(const options& opts, const allocator_config& config, const replay_result& r) {
-  const bool native = r.native_segments > 0;
+  const bool native = r.native_recorded;
   const std::string not_recorded = "not in trace";
   const std::string ours_heading = "streamalloc (" + device_label(opts.backend) + ")";
   std::printf("trace     %s\n", opts.trace.c_str());
@@ -435,7 +440,7 @@ void print_table(const options& opts, const allocator_config& config, const repl
   char ours[32];
   char theirs[32];
   std::snprintf(ours, sizeof ours, "%.4f", r.frag_ratio);
-  std::snprintf(theirs, sizeof theirs, "%.4f", r.native_frag_ratio);
+  std::snprintf(theirs, sizeof theirs, "%s%.4f", native_lower_bound(r) ? ">=" : "", r.native_frag_ratio);
   std::printf(k_row, "reserved/allocated", ours, native ? theirs : not_recorded.c_str());
   std::printf(k_row, "device allocations", our_device_allocations(r, config).c_str(),
               native ? native_device_allocations(r).c_str() : not_recorded.c_str());
@@ -460,6 +465,7 @@ void print_table(const options& opts, const allocator_config& config, const repl
   }
   if (native) {
     std::printf(";\nnative's are ");
+    if (r.native_segments == 0) std::printf("none: the trace only gives segments back");
     if (r.native_segment_allocs > 0) std::printf("the trace's segment_alloc events (one cudaMalloc each)");
     if (r.native_segment_allocs > 0 && r.native_segment_maps > 0) std::printf(" and ");
     if (r.native_segment_maps > 0) {
@@ -706,9 +712,12 @@ struct corpus_summary {
   double median_ratio = 0.0;
   double worst_ratio = 0.0;
   std::string worst_trace;
-  std::size_t native_count = 0;  // replayed traces with native figures
+  std::size_t native_count = 0;  // replayed traces with native figures, lower bounds aside
   double median_native_ratio = 0.0;
+  std::size_t native_lower_bounds = 0;  // traces recorded mid-run: native's figures are lower bounds
+  std::vector<std::string> recorded_mid_run;  // "name (blocks)"
 };
+
 
 corpus_summary summarize(const std::vector<trace_outcome>& traces) {
   corpus_summary s;
@@ -725,7 +734,16 @@ corpus_summary summarize(const std::vector<trace_outcome>& traces) {
       s.worst_ratio = t.result.frag_ratio;
       s.worst_trace = t.name;
     }
-    if (t.result.native_segments > 0) native_ratios.push_back(t.result.native_frag_ratio);
+    if (t.result.native_recorded) {
+      if (native_lower_bound(t.result)) {
+        ++s.native_lower_bounds;
+      } else {
+        native_ratios.push_back(t.result.native_frag_ratio);
+      }
+    }
+    if (t.result.allocs_before_recording > 0) {
+      s.recorded_mid_run.push_back(t.name + " (" + std::to_string(t.result.allocs_before_recording) + ")");
+    }
   }
   s.median_ratio = median(ratios);
   s.native_count = native_ratios.size();
@@ -743,7 +761,7 @@ void print_all_table(const options& opts, const allocator_config& config, const 
   std::size_t name_width = 5;
   for (const trace_outcome& t : traces) name_width = std::max(name_width, t.name.size());
   const int width = static_cast<int>(name_width);
-  std::printf("%-*s %9s %14s %14s %7s %7s %8s\n", width, "trace", "events", "peak alloc", "peak reserved", "ratio",
+  std::printf("%-*s %9s %14s %14s %7s %8s %8s\n", width, "trace", "events", "peak alloc", "peak reserved", "ratio",
               "native", "stitches");
   for (const trace_outcome& t : traces) {
     if (!t.error.empty()) {
@@ -752,8 +770,10 @@ void print_all_table(const options& opts, const allocator_config& config, const 
     }
     const replay_result& r = t.result;
     char native[16] = "-";
-    if (r.native_segments > 0) std::snprintf(native, sizeof native, "%.4f", r.native_frag_ratio);
-    std::printf("%-*s %9llu %14s %14s %7.4f %7s %8lld\n", width, t.name.c_str(),
+    if (r.native_recorded) {
+      std::snprintf(native, sizeof native, "%s%.4f", native_lower_bound(r) ? ">=" : "", r.native_frag_ratio);
+    }
+    std::printf("%-*s %9llu %14s %14s %7.4f %8s %8lld\n", width, t.name.c_str(),
                 static_cast<unsigned long long>(r.events), format_bytes(r.peak_allocated_bytes).c_str(),
                 format_bytes(r.peak_reserved_bytes).c_str(), r.frag_ratio, native,
                 static_cast<long long>(r.stitched_blocks));
@@ -761,22 +781,35 @@ void print_all_table(const options& opts, const allocator_config& config, const 
   std::printf("\n");
   if (s.replayed > 0) {
     std::printf("median ratio %.4f", s.median_ratio);
-    if (s.native_count > 0) std::printf(" (native %.4f over %zu traces)", s.median_native_ratio, s.native_count);
+    if (s.native_count > 0) {
+      std::printf(" (native %.4f over %zu traces%s)", s.median_native_ratio, s.native_count,
+                  s.native_lower_bounds > 0 ? ", lower bounds aside" : "");
+    }
     std::printf(", worst %.4f (%s), over %zu traces replayed\n", s.worst_ratio, s.worst_trace.c_str(), s.replayed);
   }
   if (s.failed > 0) std::printf("%zu of %zu traces could not be replayed\n", s.failed, traces.size());
-  for (const trace_outcome& t : traces) {
-    if (!t.error.empty() || t.result.allocs_before_recording == 0) continue;
-    std::printf("%s was recorded mid-run: %llu block%s freed without an alloc in it, replayed as\n"
-                "allocated before its first event\n",
-                t.name.c_str(), static_cast<unsigned long long>(t.result.allocs_before_recording),
-                t.result.allocs_before_recording == 1 ? "" : "s");
+  if (!s.recorded_mid_run.empty()) {
+    std::printf("\n%zu traces recorded mid-run; the blocks each frees without an alloc (how many in\n"
+                "brackets) were replayed as allocated before its first event:\n",
+                s.recorded_mid_run.size());
+    std::size_t column = 0;
+    for (std::size_t i = 0; i < s.recorded_mid_run.size(); ++i) {
+      const std::string item = s.recorded_mid_run[i] + (i + 1 < s.recorded_mid_run.size() ? "," : "");
+      if (column > 0 && column + 1 + item.size() > 78) {
+        std::printf("\n");
+        column = 0;
+      }
+      std::printf("%s%s", column > 0 ? " " : "  ", item.c_str());
+      column += (column > 0 ? 1 : 2) + item.size();
+    }
+    std::printf("\n");
   }
   std::printf("\nratio: streamalloc's peak reserved / peak allocated, replayed on the %s;\n"
               "1.0 is the floor (every reserved byte in use at the peak). native: the same for\n"
               "PyTorch's native allocator as recorded in the trace's segment events ('-' when\n"
-              "it has none). stitches: allocations served by stitched chunks (expandable\n"
-              "segments), each after a stream synchronization.\n",
+              "it has none; '>=' a lower bound, for a trace recorded mid-run). stitches:\n"
+              "allocations served by stitched chunks (expandable segments), each after a\n"
+              "stream synchronization.\n",
               device_label(opts.backend).c_str());
 }
 
@@ -812,6 +845,8 @@ void print_all_json(const options& opts, const allocator_config& config, const s
   } else {
     w.null();
   }
+  w.key("native_lower_bounds").value(s.native_lower_bounds);
+  w.key("recorded_mid_run").value(s.recorded_mid_run.size());
   w.end_object();
   std::printf("%s\n", w.str().c_str());
 }

@@ -20,6 +20,7 @@ struct trace_figures {
   std::uint64_t native_segment_maps = 0;
   std::size_t native_peak_reserved_bytes = 0;
   std::size_t native_reserved_before_recording_bytes = 0;
+  bool native_recorded = false;  // any segment event
   std::uint64_t allocs_before_recording = 0;
   std::uint64_t bytes_before_recording = 0;
 };
@@ -67,12 +68,14 @@ trace_figures examine_trace(const std::vector<trace_file_event>& events, const s
       }
       case trace_file_action::segment_alloc:
       case trace_file_action::segment_map:
+        figures.native_recorded = true;
         ++(e.action == trace_file_action::segment_alloc ? figures.native_segment_allocs : figures.native_segment_maps);
         native_reserved += static_cast<std::int64_t>(e.size);
         native_peak = std::max(native_peak, native_reserved);
         break;
       case trace_file_action::segment_free:
       case trace_file_action::segment_unmap:
+        figures.native_recorded = true;
         native_reserved -= static_cast<std::int64_t>(e.size);
         native_before = std::max(native_before, static_cast<std::int64_t>(live_bytes) - native_reserved);
         break;
@@ -88,8 +91,7 @@ trace_figures examine_trace(const std::vector<trace_file_event>& events, const s
                                    " events: nothing to measure");
   }
   figures.live_at_end = live_sizes.size();
-  const bool native_recorded = figures.native_segment_allocs + figures.native_segment_maps > 0;
-  if (native_recorded) {
+  if (figures.native_recorded) {
     figures.native_reserved_before_recording_bytes = static_cast<std::size_t>(native_before);
     figures.native_peak_reserved_bytes = static_cast<std::size_t>(native_before + native_peak);
   }
@@ -182,6 +184,7 @@ replay_result replay_trace(const std::vector<trace_file_event>& events, caching_
   result.ns_per_op = result.ops == 0 ? 0.0 : static_cast<double>(result.total_ns) / static_cast<double>(result.ops);
   result.native_segment_allocs = figures.native_segment_allocs;
   result.native_segment_maps = figures.native_segment_maps;
+  result.native_recorded = figures.native_recorded;
   result.native_segments = figures.native_segment_allocs + figures.native_segment_maps;
   result.native_peak_reserved_bytes = figures.native_peak_reserved_bytes;
   result.native_reserved_before_recording_bytes = figures.native_reserved_before_recording_bytes;

@@ -50,7 +50,8 @@ struct replay_result {
 
   // PyTorch's native allocator as recorded: segment_alloc/segment_map add
   // their size to reserved memory, segment_free/segment_unmap subtract it.
-  std::uint64_t native_segments = 0;  // segment_alloc + segment_map events; 0: no native figures
+  bool native_recorded = false;       // any segment event: native's figures are known
+  std::uint64_t native_segments = 0;  // segment_alloc + segment_map events
   std::uint64_t native_segment_allocs = 0;  // segment_alloc events: one cudaMalloc each
   std::uint64_t native_segment_maps = 0;    // segment_map events: one mapped run of pages each (expandable)
   std::size_t native_peak_reserved_bytes = 0;

@@ -156,11 +156,13 @@ def test_replay_torch_replays_blocks_freed_before_allocated_as_allocated_first()
               ("free_completed", 8192, 3000, 0)]
     replayed = replay_torch.with_allocations_before_recording(events)
     assert replayed == [("alloc", 4096, 1000, 5), *events]
-    peak_live, native_peak, curve = replay_torch.trace_figures(replayed)
+    peak_live, native_peak, curve, before = replay_torch.trace_figures(replayed)
     assert peak_live == 4000
-    assert native_peak == 20971520 + 4000
+    assert native_peak == before == 20971520 + 4000
     assert curve[0] == (1000, 20971520 + 4000)
-    assert replay_torch.trace_figures([("alloc", 1, 512, 0)]) == (512, 0, [(512, 0)])
+    assert replay_torch.trace_figures([("alloc", 1, 512, 0)]) == (512, 0, [(512, 0)], 0)
+    recorded_from_start = [("segment_alloc", 0, 2097152, 0), ("alloc", 0, 512, 0)]
+    assert replay_torch.trace_figures(recorded_from_start) == (512, 2097152, [(512, 2097152)], 0)
     assert replay_torch.with_allocations_before_recording(events[1:2]) == events[1:2]
 
 

@@ -744,6 +744,21 @@ TEST_CASE("streamalloc-replay --all replays every trace in a folder", "[replay][
     CHECK(run.output.find("\"name\": \"a_bare\"") != std::string::npos);
     CHECK(run.output.find("\"name\": \"b_small\"") != std::string::npos);
   }
+  SECTION("a trace recorded mid-run: named, its native figures marked as lower bounds") {
+    dir.write("c_mid_run.trace.csv", "action,addr,size,stream\nsegment_free,4096,20971520,0\n"
+                                     "alloc,8192,1000000,0\nfree_completed,4096,3000000,0\n");
+    const command_result run = run_replay("--all " + folder);
+    INFO(run.output);
+    REQUIRE(run.exit_code == 0);
+    // 24,971,520 reserved (20 MiB freed with 4 MB still live) over 4 MB.
+    CHECK(run.output.find(">=6.2429") != std::string::npos);
+    CHECK(run.output.find("1 traces recorded mid-run") != std::string::npos);
+    CHECK(run.output.find("  c_mid_run (1)\n") != std::string::npos);
+    CHECK(run.output.find("lower bounds aside") != std::string::npos);
+    const command_result json = run_replay("--json --all " + folder);
+    CHECK(json_value(json.output, "native_lower_bounds") == "1");
+    CHECK(json_value(json.output, "recorded_mid_run") == "1");
+  }
   SECTION("a bad trace is reported, the others still replayed, exit 1") {
     dir.write("c_bad.trace.csv", "action,addr,size,stream\nalloc,4096,512,0\nbogus,1,2,3\n");
     const command_result run = run_replay("--all " + folder);
