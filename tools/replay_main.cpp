@@ -642,8 +642,6 @@ struct trace_outcome {
   std::string error;  // empty: replayed
 };
 
-// Loads and replays `path` on a fresh device; *capacity_bytes becomes the
-// device's size (the GPU's with --backend cuda).
 // The trace at `path`, with the allocations made before its recording began.
 std::vector<trace_file_event> load_for_replay(const std::string& path) {
   std::vector<trace_file_event> events = load_trace(path);
@@ -651,6 +649,8 @@ std::vector<trace_file_event> load_for_replay(const std::string& path) {
   return events;
 }
 
+// Loads and replays `path` on a fresh device; *capacity_bytes becomes the
+// device's size (the GPU's with --backend cuda).
 replay_result replay_one(options opts, const std::string& path, const allocator_config& config,
                          std::size_t* capacity_bytes) {
   std::vector<trace_file_event> events = load_for_replay(path);
@@ -717,7 +717,6 @@ struct corpus_summary {
   std::size_t native_lower_bounds = 0;  // traces recorded mid-run: native's figures are lower bounds
   std::vector<std::string> recorded_mid_run;  // "name (blocks)"
 };
-
 
 corpus_summary summarize(const std::vector<trace_outcome>& traces) {
   corpus_summary s;
@@ -790,7 +789,7 @@ void print_all_table(const options& opts, const allocator_config& config, const 
   if (s.failed > 0) std::printf("%zu of %zu traces could not be replayed\n", s.failed, traces.size());
   if (!s.recorded_mid_run.empty()) {
     std::printf("\n%zu traces recorded mid-run; the blocks each frees without an alloc (how many in\n"
-                "brackets) were replayed as allocated before its first event:\n",
+                "parentheses) were replayed as allocated before its first event:\n",
                 s.recorded_mid_run.size());
     std::size_t column = 0;
     for (std::size_t i = 0; i < s.recorded_mid_run.size(); ++i) {
