@@ -685,6 +685,14 @@ TEST_CASE("streamalloc-replay rejects unknown actions and empty traces", "[repla
     const command_result json = run_replay("--json " + quote(mid_run));
     CHECK(json_value(json.output, "allocs_before_recording") == "1");
     CHECK(json_value(json.output, "peak_allocated_bytes") == "3145728");
+    // On a GPU (gpu-check's unit step) the CUDA backend replays it the same way.
+    const command_result gpu = run_replay("--json --backend cuda " + quote(mid_run));
+    if (gpu.exit_code == 0) {
+      CHECK(json_value(gpu.output, "allocs_before_recording") == "1");
+      CHECK(json_value(gpu.output, "peak_allocated_bytes") == "3145728");
+    } else {
+      CHECK((gpu.exit_code == 1 || gpu.exit_code == 2));  // no CUDA backend, or no usable GPU
+    }
     // The block from before recording set the reserved peak; the anatomy says so.
     const std::string early_peak = dir.write("early_peak.csv", "action,addr,size,stream\nfree_completed,4096,50000000,0\n"
                                                                "alloc,8192,1000,0\n");
