@@ -182,7 +182,8 @@ TEST_CASE("every trace of the corpus replays when its recording began mid-run", 
   for (const fs::path& path : corpus_traces()) {
     INFO(corpus_name(path));
     const std::vector<trace_file_event> whole = load_trace(path.string());
-    std::vector<trace_file_event> events(whole.begin() + static_cast<std::ptrdiff_t>(whole.size() * 3 / 10), whole.end());
+    const auto cut = static_cast<std::ptrdiff_t>(whole.size() * 3 / 10);
+    std::vector<trace_file_event> events(whole.begin() + cut, whole.end());
     const allocations_before_recording added = add_allocations_before_recording(&events);
     CHECK(added.blocks > 0);
     replay_result result;
