@@ -788,9 +788,9 @@ void print_all_table(const options& opts, const allocator_config& config, const 
   }
   if (s.failed > 0) std::printf("%zu of %zu traces could not be replayed\n", s.failed, traces.size());
   if (!s.recorded_mid_run.empty()) {
-    std::printf("\n%zu traces recorded mid-run; the blocks each frees without an alloc (how many in\n"
+    std::printf("\n%zu trace%s recorded mid-run; the blocks each frees without an alloc (how many in\n"
                 "parentheses) were replayed as allocated before its first event:\n",
-                s.recorded_mid_run.size());
+                s.recorded_mid_run.size(), s.recorded_mid_run.size() == 1 ? "" : "s");
     std::size_t column = 0;
     for (std::size_t i = 0; i < s.recorded_mid_run.size(); ++i) {
       const std::string item = s.recorded_mid_run[i] + (i + 1 < s.recorded_mid_run.size() ? "," : "");

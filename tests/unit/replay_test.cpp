@@ -760,7 +760,7 @@ TEST_CASE("streamalloc-replay --all replays every trace in a folder", "[replay][
     REQUIRE(run.exit_code == 0);
     // 24,971,520 reserved (20 MiB freed with 4 MB still live) over 4 MB.
     CHECK(run.output.find(">=6.2429") != std::string::npos);
-    CHECK(run.output.find("1 traces recorded mid-run") != std::string::npos);
+    CHECK(run.output.find("1 trace recorded mid-run") != std::string::npos);
     CHECK(run.output.find("  c_mid_run (1)\n") != std::string::npos);
     CHECK(run.output.find("lower bounds aside") != std::string::npos);
     const command_result json = run_replay("--json --all " + folder);
