@@ -85,9 +85,11 @@ void remap_streams_to_sim(std::vector<trace_file_event>& events, sim_backend& de
 // are the measurement. `alloc` -> allocate(size, stream) with the event's
 // stream value as the stream handle (remapped to the device's streams
 // first: remap_streams_to_sim, or created CUDA streams on a GPU);
-// `free_completed` -> free; everything else is not replayed. Throws trace_error for a free of an address that is not live,
-// an alloc at an address that already is, or a trace with nothing to
-// measure (no alloc of more than 0 bytes), all before any allocator call;
+// `free_completed` -> free; everything else is not replayed. Throws
+// trace_error for a free of an address that is not live (a trace recorded
+// mid-run goes through add_allocations_before_recording first), an alloc
+// at an address that already is, or a trace with nothing to measure (no
+// alloc of more than 0 bytes), all before any allocator call;
 // replay_out_of_memory when the allocator runs out. Every allocation made is
 // freed again before returning or throwing.
 replay_result replay_trace(const std::vector<trace_file_event>& events, caching_allocator& allocator,
