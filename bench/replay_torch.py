@@ -29,7 +29,6 @@ would start after it are reported as not run.
 
 import argparse
 import csv
-import gzip
 import json
 import os
 import subprocess
@@ -37,6 +36,9 @@ import sys
 import time
 
 from _driver import TORCH_MODE_BACKEND, check_choices, mode_env, run_worker
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "scripts"))
+import trace_csv  # noqa: E402  (scripts/, shared with capture_trace.py)
 
 TORCH_MODES = ["native", "expandable", "cuda_async"]
 # streamalloc-replay's --conf for each streamalloc column (None: defaults).
@@ -72,68 +74,25 @@ def trace_name(path):
 
 def read_trace(path, actions):
     """The trace's events whose action is in `actions`, as (action, addr,
-    size, stream) tuples, and the number of events in the file."""
-    with open(path, "rb") as f:
-        opener = gzip.open if f.read(2) == b"\x1f\x8b" else open
-    with opener(path, "rt", newline="") as f:
-        reader = csv.reader(f)
-        header = next(reader, None)
-        if header != ["action", "addr", "size", "stream"]:
-            raise SystemExit(f"replay_torch: {path}: header {header} is not action,addr,size,stream")
-        events = []
-        count = 0
-        for row in reader:
-            count += 1
-            if row[0] in actions:
-                events.append((row[0], int(row[1]), int(row[2]), int(row[3])))
-    return events, count
-
-
-def with_allocations_before_recording(events):
-    """`events` with an alloc put first for each block the trace frees
-    before any alloc or free_completed of its address: it was allocated
-    before recording began (streamalloc-replay does the same)."""
-    seen = set()
-    earlier = []
-    for action, addr, size, stream in events:
-        if action == "alloc":
-            seen.add(addr)
-        elif action == "free_completed" and addr not in seen:
-            seen.add(addr)
-            earlier.append(("alloc", addr, size, stream))
-    return earlier + events if earlier else events
+    size, stream) tuples, with the allocations made before recording began
+    put first, and the number of lines after the header. Lines of actions
+    the format does not name are skipped with a warning."""
+    try:
+        events, lines, skipped = trace_csv.read_events(path, actions)
+    except trace_csv.TraceFormatError as e:
+        raise SystemExit(f"replay_torch: {e}") from None
+    if skipped:
+        print(f"replay_torch: warning: {path}: skipped {trace_csv.describe_skipped(skipped)}", file=sys.stderr)
+    return trace_csv.with_allocations_before_recording(events), lines
 
 
 def trace_figures(events):
-    """Peak live bytes, and the native allocator's recorded reserved curve
-    sampled at every alloc/free_completed op, and what native reserved
-    before recording began: the least that holds every live byte at every
-    event (0 for a trace recorded from the start), which the peak and the
-    curve include."""
-    live = {}
-    live_bytes = peak_live = reserved = peak_reserved = before = 0
-    recorded = False  # any segment event
+    """Peak live bytes, native's recorded peak reserved (0 without segment
+    events), its reserved curve sampled at every alloc/free_completed, and
+    what it reserved before recording began (trace_csv.native_figures)."""
     curve = []
-    for action, addr, size, _ in events:
-        if action == "alloc":
-            live[addr] = size
-            live_bytes += size
-            peak_live = max(peak_live, live_bytes)
-            curve.append((live_bytes, reserved))
-        elif action == "free_completed":
-            live_bytes -= live.pop(addr)
-            curve.append((live_bytes, reserved))
-        elif action in ("segment_alloc", "segment_map"):
-            recorded = True
-            reserved += size
-            peak_reserved = max(peak_reserved, reserved)
-        elif action in ("segment_free", "segment_unmap"):
-            recorded = True
-            reserved -= size
-        before = max(before, live_bytes - reserved)
-    if not recorded:
-        return peak_live, 0, curve, 0
-    return peak_live, before + peak_reserved, [(lb, r + before) for lb, r in curve], before
+    peak_live, peak_reserved, before = trace_csv.native_figures(events, curve)
+    return peak_live, peak_reserved, curve, before
 
 
 def write_timeline(path, rows):
@@ -157,7 +116,6 @@ def worker(mode, trace, out_path, timeline_path):
     if backend != expected:
         raise SystemExit(f"replay_torch: mode {mode} expects allocator backend '{expected}', got '{backend}'")
     events, event_count = read_trace(trace, REPLAYED)
-    events = with_allocations_before_recording(events)
 
     streams = {0: torch.cuda.default_stream(0)}
     for _, _, _, handle in events:
@@ -389,7 +347,6 @@ def main():
     for trace in args.traces:
         name = trace_name(trace)
         events, event_count = read_trace(trace, RECORDED)
-        events = with_allocations_before_recording(events)
         peak_live, recorded_peak, curve, before = trace_figures(events)
         del events
         entry = {"trace": trace, "events": event_count, "peak_live_bytes": peak_live, "modes": {}}

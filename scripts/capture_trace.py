@@ -25,28 +25,13 @@ them as allocated before the first event.
 
 import argparse
 import csv
-import gzip
 import os
 import pickle
 import runpy
 import sys
 
 import _streamalloc_version  # the checkout's version (CMakeLists.txt)
-
-# The actions of torch's TraceEntry; the file keeps every one, readers skip
-# what they do not replay.
-KNOWN_ACTIONS = {
-    "alloc",
-    "free_requested",
-    "free_completed",
-    "segment_alloc",
-    "segment_free",
-    "segment_map",
-    "segment_unmap",
-    "oom",
-    "snapshot",
-}
-
+import trace_csv
 
 def blocks(count):
     return f"{count} block" + ("" if count == 1 else "s")
@@ -74,66 +59,26 @@ def live_before_recording(snapshot, device, entries):
     return allocs
 
 
-def freed_before_allocated(entries):
-    """{address: size} of the blocks `entries` frees before any alloc or
-    free_completed of their address names them."""
-    seen = set()
-    freed = {}
-    for entry in entries:
-        action = entry["action"]
-        if action not in ("alloc", "free_completed"):
-            continue
-        addr = int(entry.get("addr", 0))
-        if action == "free_completed" and addr not in seen:
-            freed[addr] = int(entry.get("size", 0))
-        seen.add(addr)
-    return freed
+def as_events(entries):
+    """(action, addr, size, stream) of each of `entries` (torch TraceEntry
+    dicts); an oom entry carries device_free instead of an address."""
+    return [(e["action"], int(e.get("addr", 0)), int(e.get("size", 0)), int(e.get("stream", 0))) for e in entries]
 
 
-def write_trace(entries, path):
-    """Writes `entries` (torch TraceEntry dicts) to `path`; returns counts
-    and the peak of live allocated bytes for a summary line. Blocks freed
-    before any alloc are live from the start, and native reserved at
-    least what holds every live byte before recording began."""
-    opener = gzip.open if path.endswith(".gz") else open
-    live = freed_before_allocated(entries)
-    live_bytes = sum(live.values())
-    peak_live = live_bytes
-    reserved = 0
-    peak_reserved = 0
-    before = 0  # native's reserved bytes before recording began, at least
-    recorded = False  # any segment event
+def write_trace(events, path):
+    """Writes `events` to `path`; returns the count of each action."""
     counts = {}
-    with opener(path, "wt", newline="") as out:
+    with trace_csv.open_for_writing(path) as out:
         writer = csv.writer(out, lineterminator="\n")
-        writer.writerow(["action", "addr", "size", "stream"])
-        for entry in entries:
-            action = entry["action"]
-            # An oom entry carries device_free instead of an address.
-            addr = int(entry.get("addr", 0))
-            size = int(entry.get("size", 0))
-            stream = int(entry.get("stream", 0))
-            writer.writerow([action, addr, size, stream])
-            counts[action] = counts.get(action, 0) + 1
-            if action == "alloc":
-                live[addr] = size
-                live_bytes += size
-                peak_live = max(peak_live, live_bytes)
-            elif action == "free_completed":
-                live_bytes -= live.pop(addr, 0)
-            elif action in ("segment_alloc", "segment_map"):
-                recorded = True
-                reserved += size
-                peak_reserved = max(peak_reserved, reserved)
-            elif action in ("segment_free", "segment_unmap"):
-                recorded = True
-                reserved -= size
-            before = max(before, live_bytes - reserved)
-    return counts, peak_live, before + peak_reserved if recorded else 0
+        writer.writerow(trace_csv.COLUMNS)
+        writer.writerows(events)
+    for event in events:
+        counts[event[0]] = counts.get(event[0], 0) + 1
+    return counts
 
 
 def summarize(path, counts, peak_live, peak_reserved):
-    unknown = sorted(set(counts) - KNOWN_ACTIONS)
+    unknown = sorted(set(counts) - trace_csv.KNOWN_ACTIONS)
     parts = ", ".join(f"{counts[a]} {a}" for a in sorted(counts))
     ratio = f"{peak_reserved / peak_live:.3f}" if peak_live else "n/a"
     print(
@@ -222,17 +167,18 @@ def main():
     entries = device_trace(snapshot, device, source)
     recorded_entries = len(entries)
     earlier = live_before_recording(snapshot, device, entries)
-    freed_early = freed_before_allocated(entries)
+    events = as_events(entries)
+    freed_early = trace_csv.allocations_before_recording(events)
     if earlier:
         print(
             f"capture_trace: {blocks(len(earlier))} ({sum(e['size'] for e in earlier):,} B) live before recording "
             "began and never named by the trace were written as alloc events at its start",
             file=sys.stderr,
         )
-        entries = earlier + list(entries)
+        events = as_events(earlier) + events
     if freed_early:
         print(
-            f"capture_trace: {blocks(len(freed_early))} ({sum(freed_early.values()):,} B) are freed without an alloc "
+            f"capture_trace: {blocks(len(freed_early))} ({sum(e[2] for e in freed_early):,} B) are freed without an alloc "
             "(allocated before recording began); replay allocates them before the first event",
             file=sys.stderr,
         )
@@ -242,7 +188,10 @@ def main():
             "and the trace starts mid-run",
             file=sys.stderr,
         )
-    summarize(args.output, *write_trace(entries, args.output))
+    counts = write_trace(events, args.output)
+    # Native's peak counts what it held before recording began, at least.
+    peak_live, peak_reserved, _ = trace_csv.native_figures(freed_early + events)
+    summarize(args.output, counts, peak_live, peak_reserved)
     return status
 
 

@@ -11,27 +11,33 @@ original sizes.
   build/bin/streamalloc-replay --all /tmp/scaled
 """
 import argparse
-import gzip
+import csv
 import os
 import sys
 
 import _streamalloc_version  # the checkout's version (CMakeLists.txt)
-
-
-def open_trace(path, mode):
-    return gzip.open(path, mode + "t") if path.endswith(".gz") else open(path, mode)
+import trace_csv
 
 
 def scale_trace(src, dst, factor):
-    with open_trace(src, "r") as lines, open_trace(dst, "w") as out:
-        out.write(lines.readline())  # the header
-        for line in lines:
-            fields = line.rstrip("\n").split(",")
-            if fields[0].startswith("segment_"):
+    with trace_csv.open_for_reading(src) as lines, trace_csv.open_for_writing(dst) as out:
+        reader = csv.reader(lines)
+        writer = csv.writer(out, lineterminator="\n")
+        header = next(reader, None)
+        if header is None:
+            raise SystemExit(f"scale_traces.py: {src} is empty")
+        try:
+            action, _, size, _ = trace_csv.column_positions(header, src)
+        except trace_csv.TraceFormatError as e:
+            raise SystemExit(f"scale_traces.py: {e}") from None
+        writer.writerow(header)
+        for row in reader:
+            if row[action] in trace_csv.GROWS + trace_csv.SHRINKS:
                 continue
-            size = int(fields[2])
-            fields[2] = str(max(1, int(size * factor)) if size > 0 else 0)
-            out.write(",".join(fields) + "\n")
+            if row[action] in ("alloc", "free_requested", "free_completed"):
+                bytes_ = int(row[size])
+                row[size] = str(max(1, int(bytes_ * factor)) if bytes_ > 0 else 0)
+            writer.writerow(row)
 
 
 def main(argv):

@@ -79,7 +79,9 @@ void print_help() {
       "and the cost of the allocate/free calls. The right-hand column is PyTorch's\n"
       "native allocator as recorded in the trace's segment events (not replayed).\n"
       "Peak reserved / peak allocated is 1.0 at best: every reserved byte in use\n"
-      "at the peak.\n"
+      "at the peak. The header may name its four columns in any order and others\n"
+      "beside them (ignored); lines of actions the format does not name are\n"
+      "skipped with a warning that names them.\n"
       "\n"
       "options:\n"
       "  --all DIR         replay every *.trace.csv and *.trace.csv.gz in DIR (not\n"
@@ -280,6 +282,9 @@ void json_members(json_writer& w, const replay_result& r) {
   } else {
     w.null();
   }
+  w.key("skipped_actions").begin_object();
+  for (const skipped_action& a : r.skipped_actions) w.key(a.name).value(a.lines);
+  w.end_object();
 }
 
 // --peak-anatomy as a member of the current JSON object (null: nothing reserved).
@@ -322,6 +327,23 @@ void print_json(const options& opts, const allocator_config& config, const repla
   if (anatomy != nullptr) json_anatomy(w, *anatomy);
   w.end_object();
   std::printf("%s\n", w.str().c_str());
+}
+
+// "2 lines of actions the trace format does not name".
+std::string skipped_lines_text(const std::vector<skipped_action>& skipped) {
+  std::uint64_t lines = 0;
+  for (const skipped_action& a : skipped) lines += a.lines;
+  return std::to_string(lines) + (lines == 1 ? " line" : " lines") + " of actions the trace format does not name";
+}
+
+// The skipped actions' names, with counts and first lines when `detail`.
+std::string skipped_names(const std::vector<skipped_action>& skipped, bool detail) {
+  std::string names;
+  for (const skipped_action& a : skipped) {
+    names += (names.empty() ? "" : ", ") + a.name;
+    if (detail) names += " (" + std::to_string(a.lines) + ", first on line " + std::to_string(a.first_line) + ")";
+  }
+  return names;
 }
 
 std::string bytes_cell(std::size_t bytes) { return std::to_string(bytes) + " (" + format_bytes(bytes) + ")"; }
@@ -426,6 +448,10 @@ void print_table(const options& opts, const allocator_config& config, const repl
                 "          replayed as allocated before its first event\n",
                 static_cast<unsigned long long>(r.allocs_before_recording), r.allocs_before_recording == 1 ? "" : "s",
                 format_bytes(r.bytes_before_recording).c_str());
+  }
+  if (!r.skipped_actions.empty()) {
+    std::printf("skipped   %s (%s)\n", skipped_lines_text(r.skipped_actions).c_str(),
+                skipped_names(r.skipped_actions, false).c_str());
   }
   std::printf("device    %s (%s), capacity %s\n", opts.backend.c_str(), device_label(opts.backend).c_str(),
               bytes_cell(opts.capacity_bytes).c_str());
@@ -642,9 +668,15 @@ struct trace_outcome {
   std::string error;  // empty: replayed
 };
 
-// The trace at `path`, with the allocations made before its recording began.
-std::vector<trace_file_event> load_for_replay(const std::string& path) {
-  std::vector<trace_file_event> events = load_trace(path);
+// The trace at `path`, with the allocations made before its recording
+// began; lines of actions the format does not name go to *skipped, and a
+// warning names them.
+std::vector<trace_file_event> load_for_replay(const std::string& path, std::vector<skipped_action>* skipped) {
+  std::vector<trace_file_event> events = load_trace(path, skipped);
+  if (!skipped->empty()) {
+    std::fprintf(stderr, "%s: warning: %s: skipped %s: %s\n", k_program, path.c_str(),
+                 skipped_lines_text(*skipped).c_str(), skipped_names(*skipped, true).c_str());
+  }
   add_allocations_before_recording(&events);
   return events;
 }
@@ -653,11 +685,14 @@ std::vector<trace_file_event> load_for_replay(const std::string& path) {
 // device's size (the GPU's with --backend cuda).
 replay_result replay_one(options opts, const std::string& path, const allocator_config& config,
                          std::size_t* capacity_bytes) {
-  std::vector<trace_file_event> events = load_for_replay(path);
+  std::vector<skipped_action> skipped;
+  std::vector<trace_file_event> events = load_for_replay(path, &skipped);
   const replay_device device = open_device(&opts, events);
   *capacity_bytes = opts.capacity_bytes;
   caching_allocator allocator(*device.backend, config);
-  return replay_trace(events, allocator, path);
+  replay_result result = replay_trace(events, allocator, path);
+  result.skipped_actions = std::move(skipped);
+  return result;
 }
 
 constexpr const char* k_trace_suffixes[] = {".trace.csv.gz", ".trace.csv"};
@@ -926,13 +961,15 @@ int main(int argc, char** argv) {
   }
 
   try {
-    std::vector<trace_file_event> events = load_for_replay(opts.trace);
+    std::vector<skipped_action> skipped;
+    std::vector<trace_file_event> events = load_for_replay(opts.trace, &skipped);
     const replay_device device = open_device(&opts, events);
     replay_result result;
     {
       caching_allocator allocator(*device.backend, config);
       result = replay_trace(events, allocator, opts.trace);
     }
+    result.skipped_actions = std::move(skipped);
     std::unique_ptr<peak_anatomy> anatomy;
     if (opts.peak_anatomy) {
       anatomy = std::make_unique<peak_anatomy>(examine_reserved_peak(

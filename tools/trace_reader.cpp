@@ -5,6 +5,7 @@
 
 #include <zlib.h>
 
+#include <cctype>
 #include <cerrno>
 #include <charconv>
 #include <cstring>
@@ -34,6 +35,8 @@ std::string quoted(std::string_view text) {
 
 // Every action torch's TraceEntry knows (c10/core/CachingDeviceAllocator.h,
 // parseTraceEntryAction); oom and snapshot are read as trace_file_action::other.
+// The tally's entry for names past trace_reader::k_max_skipped_names.
+constexpr const char* k_other_names = "(other names)";
 struct action_name {
   std::string_view name;
   trace_file_action action;
@@ -50,9 +53,8 @@ constexpr action_name k_actions[] = {
     {"snapshot", trace_file_action::other},
 };
 
-// False for a name outside k_actions: a trace from a newer torch, or not
-// a trace at all; replaying it as if the line were not there could give
-// wrong figures without a word.
+// False for a name outside k_actions: a trace from a newer torch or from
+// another tool. Its line is skipped and tallied, never silently.
 bool parse_action(std::string_view name, trace_file_action* out) {
   for (const action_name& known : k_actions) {
     if (name == known.name) {
@@ -63,13 +65,49 @@ bool parse_action(std::string_view name, trace_file_action* out) {
   return false;
 }
 
-std::string known_action_list() {
-  std::string list;
-  for (const action_name& known : k_actions) {
-    if (!list.empty()) list += ", ";
-    list.append(known.name);
+// Splits a CSV line into fields. A field in double quotes may hold commas
+// (a doubled quote inside stands for one and is kept doubled: no field the
+// replay reads holds one); the quotes are left out. False for an
+// unterminated quote or text after a closing quote.
+bool split_csv(std::string_view line, std::vector<std::string_view>* fields) {
+  fields->clear();
+  std::size_t pos = 0;
+  for (;;) {
+    if (pos < line.size() && line[pos] == '"') {
+      std::size_t close = pos + 1;
+      for (;;) {
+        close = line.find('"', close);
+        if (close == std::string_view::npos) return false;
+        if (close + 1 < line.size() && line[close + 1] == '"') {
+          close += 2;
+          continue;
+        }
+        break;
+      }
+      fields->push_back(line.substr(pos + 1, close - pos - 1));
+      pos = close + 1;
+      if (pos == line.size()) return true;
+      if (line[pos] != ',') return false;
+      ++pos;
+      continue;
+    }
+    const std::size_t comma = line.find(',', pos);
+    fields->push_back(line.substr(pos, comma - pos));
+    if (comma == std::string_view::npos) return true;
+    pos = comma + 1;
   }
-  return list;
+}
+
+std::string_view trim(std::string_view text) {
+  while (!text.empty() && std::isspace(static_cast<unsigned char>(text.front()))) text.remove_prefix(1);
+  while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back()))) text.remove_suffix(1);
+  return text;
+}
+
+std::string lowercase(std::string_view text) {
+  std::string out(text);
+  for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return out;
 }
 
 // zlib prefixes its messages with the path it was opened with; the
@@ -123,9 +161,37 @@ trace_reader::trace_reader(const std::string& path) : path_(path), buffer_(k_buf
   file_.reset(gzopen(path.c_str(), "rb"));
   if (!file_) fail(0, std::string("cannot open: ") + (errno != 0 ? std::strerror(errno) : "zlib could not allocate"));
   gzbuffer(file_.get(), k_zlib_buffer_bytes);
+  read_header();
+}
+
+void trace_reader::read_header() {
   std::string_view header;
   if (!next_line(&header)) fail(1, "empty trace: expected header '" + std::string(k_header) + "'");
-  if (header != k_header) fail(1, "expected header '" + std::string(k_header) + "', found " + quoted(header));
+  header_ = std::string(header);
+  if (header == k_header) return;  // the format's own order, the common case
+  std::vector<std::string_view> names;
+  const bool split = split_csv(header, &names);
+  bool found[k_column_count] = {};
+  for (std::size_t i = 0; split && i < names.size(); ++i) {
+    const std::string name = lowercase(trim(names[i]));
+    for (int c = 0; c < k_column_count; ++c) {
+      if (name != k_column_names[c]) continue;
+      if (found[c]) fail(1, "the header " + quoted(header) + " names column '" + name + "' twice");
+      found[c] = true;
+      field_index_[c] = i;
+    }
+  }
+  std::string missing;
+  for (int c = 0; c < k_column_count; ++c) {
+    if (found[c]) continue;
+    if (!missing.empty()) missing += ", ";
+    missing += std::string("'") + k_column_names[c] + "'";
+  }
+  if (!missing.empty()) {
+    fail(1, "expected header '" + std::string(k_header) + "' (those columns in any order; others are ignored), found " +
+                quoted(header) + ", which lacks " + missing);
+  }
+  columns_ = names.size();
 }
 
 trace_reader::~trace_reader() = default;
@@ -180,25 +246,44 @@ bool trace_reader::next_line(std::string_view* line) {
   }
 }
 
+void trace_reader::skip(std::string_view action) {
+  for (skipped_action& known : skipped_) {
+    if (known.name == action) {
+      ++known.lines;
+      return;
+    }
+  }
+  if (skipped_.size() + 1 == k_max_skipped_names) {
+    skipped_.push_back({k_other_names, 1, line_});
+  } else if (skipped_.size() == k_max_skipped_names) {
+    ++skipped_.back().lines;
+  } else {
+    skipped_.push_back({std::string(action), 1, line_});
+  }
+}
+
 bool trace_reader::next(trace_file_event* out) {
   std::string_view line;
   if (!next_line(&line)) return false;
-  if (line.empty()) fail(line_, "empty line (expected action,addr,size,stream)");
+  if (line.empty()) fail(line_, "empty line (expected " + header_ + ")");
 
+  if (!split_csv(line, &fields_)) fail(line_, "a quoted field without its closing quote, or text after it");
+  if (fields_.size() != columns_) {
+    fail(line_, "expected " + std::to_string(columns_) + " columns (" + header_ + "), found " +
+                    std::to_string(fields_.size()));
+  }
   std::string_view fields[k_column_count];
-  int columns = 0;
-  std::size_t pos = 0;
-  for (;;) {
-    const std::size_t comma = line.find(',', pos);
-    if (columns < k_column_count) fields[columns] = line.substr(pos, comma - pos);
-    ++columns;
-    if (comma == std::string_view::npos) break;
-    pos = comma + 1;
+  for (int i = 0; i < k_column_count; ++i) fields[i] = fields_[field_index_[i]];
+  if (fields[0].empty()) fail(line_, "empty action field");
+  out->line = line_;
+  if (!parse_action(fields[0], &out->action)) {
+    // The format says to ignore such lines; the tally says they were.
+    skip(fields[0]);
+    out->action = trace_file_action::other;
+    out->addr = out->size = out->stream = 0;
+    return true;
   }
-  if (columns != k_column_count) {
-    fail(line_, "expected 4 columns (action,addr,size,stream), found " + std::to_string(columns));
-  }
-  for (int i = 0; i < k_column_count; ++i) {
+  for (int i = 1; i < k_column_count; ++i) {
     if (fields[i].empty()) fail(line_, std::string("empty ") + k_column_names[i] + " field");
   }
 
@@ -216,22 +301,18 @@ bool trace_reader::next(trace_file_event* out) {
     }
     numbers[i - 1] = value;
   }
-
-  if (!parse_action(fields[0], &out->action)) {
-    fail(line_, "unknown action " + quoted(fields[0]) + " (known: " + known_action_list() + ")");
-  }
   out->addr = numbers[0];
   out->size = numbers[1];
   out->stream = numbers[2];
-  out->line = line_;
   return true;
 }
 
-std::vector<trace_file_event> load_trace(const std::string& path) {
+std::vector<trace_file_event> load_trace(const std::string& path, std::vector<skipped_action>* skipped) {
   trace_reader reader(path);
   std::vector<trace_file_event> events;
   trace_file_event event;
   while (reader.next(&event)) events.push_back(event);
+  if (skipped != nullptr) *skipped = reader.skipped_actions();
   return events;
 }
 

@@ -1,6 +1,8 @@
 // Reader for allocation traces (shared/traces/README.md): a CSV file, plain
 // or gzip'd, with header `action,addr,size,stream` and one event a line.
-// Events are pulled one at a time (trace_reader::next) or loaded at once.
+// The header may name those four columns in any order and other columns
+// beside them (ignored). Events are pulled one at a time
+// (trace_reader::next) or loaded at once.
 #pragma once
 
 #include <cstddef>
@@ -23,7 +25,7 @@ enum class trace_file_action : std::uint8_t {
   segment_free,
   segment_map,
   segment_unmap,
-  other,  // oom and snapshot: known, not interpreted
+  other,  // oom, snapshot and actions the format does not name: not interpreted
 };
 
 // The spelling used in trace files ("other" for trace_file_action::other).
@@ -55,22 +57,38 @@ class trace_error : public std::runtime_error {
   std::string reason_;
 };
 
+// Lines whose action the format does not name (a torch with new TraceEntry
+// actions, another tool's rows): read as trace_file_action::other, as the
+// format says, and tallied so that the replay can say what it left out.
+struct skipped_action {
+  std::string name;
+  std::uint64_t lines = 0;
+  std::uint64_t first_line = 0;
+};
+
 class trace_reader {
  public:
   // Opens `path` (gzip or plain, told apart by the gzip magic bytes) and
-  // checks the header. Throws trace_error.
+  // reads the header: it must name action, addr, size and stream once each
+  // (any order, any letter case); other columns are ignored. Throws
+  // trace_error.
   explicit trace_reader(const std::string& path);
   ~trace_reader();
   trace_reader(const trace_reader&) = delete;
   trace_reader& operator=(const trace_reader&) = delete;
 
   // Stores the next event in *out and returns true, or returns false at the
-  // end of the trace. Throws trace_error on a malformed line (an action
-  // torch's TraceEntry does not have included) or a damaged file; events
-  // before the bad line have already been returned.
+  // end of the trace. Throws trace_error on a malformed line or a damaged
+  // file; events before the bad line have already been returned. A line of
+  // an action the format does not name is returned as trace_file_action::other
+  // (its numbers unread) and counted in skipped_actions().
   bool next(trace_file_event* out);
 
   const std::string& path() const { return path_; }
+  // In order of first appearance; at most k_max_skipped_names names, the
+  // rest counted under the last entry's name "(other names)".
+  const std::vector<skipped_action>& skipped_actions() const { return skipped_; }
+  static constexpr std::size_t k_max_skipped_names = 16;
 
  private:
   struct gz_closer {
@@ -81,6 +99,8 @@ class trace_reader {
   bool next_line(std::string_view* line);
   void refill();
   [[noreturn]] void fail(std::uint64_t line, const std::string& reason) const;
+  void read_header();
+  void skip(std::string_view action);
 
   std::string path_;
   std::unique_ptr<gzFile_s, gz_closer> file_;
@@ -90,9 +110,17 @@ class trace_reader {
   bool at_eof_ = false;
   std::string stream_error_;  // zlib's complaint once input ended early or was corrupt
   std::uint64_t line_ = 0;    // lines consumed so far
+  // Where the header puts each of action, addr, size, stream, and how many
+  // columns every line has.
+  std::size_t field_index_[4] = {0, 1, 2, 3};
+  std::size_t columns_ = 4;
+  std::string header_;  // as the file spells it, for messages
+  std::vector<skipped_action> skipped_;
+  std::vector<std::string_view> fields_;  // the current line's, reused
 };
 
-// Reads every event of `path` into memory (see trace_reader for errors).
-std::vector<trace_file_event> load_trace(const std::string& path);
+// Reads every event of `path` into memory (see trace_reader for errors);
+// *skipped, when given, receives the reader's skipped_actions().
+std::vector<trace_file_event> load_trace(const std::string& path, std::vector<skipped_action>* skipped = nullptr);
 
 }  // namespace streamalloc

@@ -59,6 +59,10 @@ struct replay_result {
   // recording began, at least: 0 for a trace recorded from the start.
   std::size_t native_reserved_before_recording_bytes = 0;
   double native_frag_ratio = 0.0;  // native peak reserved / trace peak live bytes
+
+  // Lines of actions the trace format does not name, skipped by the reader
+  // (trace_reader::skipped_actions); filled by the caller that read the file.
+  std::vector<skipped_action> skipped_actions;
 };
 
 // The allocator could not serve one of the trace's alloc events.

@@ -103,6 +103,14 @@ def test_scale_traces_scales_every_request_and_drops_native_segments(tmp_path):
                                          "alloc,9000,0,0"]
     assert (tmp_path / "out" / "b.trace.csv").read_text().splitlines() == ["action,addr,size,stream", "alloc,1,2,0"]
     assert not (tmp_path / "out" / "notes.txt").exists()
+    # Columns in another order, and one more, are kept as they are.
+    (src / "a.trace.csv.gz").unlink()
+    (src / "b.trace.csv").write_text('stream,size,action,addr,frames\n0,10,alloc,1,"x.py:1, in f"\n'
+                                     "0,4096,segment_alloc,1,\n")
+    subprocess.run([sys.executable, str(REPO / "scripts" / "scale_traces.py"), str(src), str(tmp_path / "out2"), "0.5"],
+                   capture_output=True, text=True, check=True)
+    assert (tmp_path / "out2" / "b.trace.csv").read_text().splitlines() == [
+        "stream,size,action,addr,frames", '0,5,alloc,1,"x.py:1, in f"']
     refused = subprocess.run([sys.executable, str(REPO / "scripts" / "scale_traces.py"), str(src),
                               str(tmp_path / "never"), "0"], capture_output=True, text=True)
     assert refused.returncode != 0 and "factor must be positive" in refused.stderr
@@ -144,26 +152,67 @@ def test_capture_trace_writes_the_blocks_live_before_recording_began(tmp_path):
     assert "peak live 4,608 B, native peak reserved 2,101,760 B" in run.stderr
 
 
-def test_replay_torch_replays_blocks_freed_before_allocated_as_allocated_first():
-    spec = importlib.util.spec_from_file_location("replay_torch", REPO / "bench" / "replay_torch.py")
-    sys.path.insert(0, str(REPO / "bench"))
+def load_script(folder, name):
+    spec = importlib.util.spec_from_file_location(name, REPO / folder / f"{name}.py")
+    sys.path.insert(0, str(REPO / folder))
     try:
-        replay_torch = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(replay_torch)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
     finally:
-        sys.path.remove(str(REPO / "bench"))
+        sys.path.remove(str(REPO / folder))
+    return module
+
+
+def test_trace_csv_puts_blocks_freed_before_allocated_first_and_bounds_native():
+    trace_csv = load_script("scripts", "trace_csv")
     events = [("segment_free", 0, 20971520, 0), ("alloc", 8192, 3000, 0), ("free_completed", 4096, 1000, 5),
               ("free_completed", 8192, 3000, 0)]
-    replayed = replay_torch.with_allocations_before_recording(events)
+    replayed = trace_csv.with_allocations_before_recording(events)
     assert replayed == [("alloc", 4096, 1000, 5), *events]
-    peak_live, native_peak, curve, before = replay_torch.trace_figures(replayed)
-    assert peak_live == 4000
-    assert native_peak == before == 20971520 + 4000
+    curve = []
+    assert trace_csv.native_figures(replayed, curve) == (4000, 20971520 + 4000, 20971520 + 4000)
     assert curve[0] == (1000, 20971520 + 4000)
-    assert replay_torch.trace_figures([("alloc", 1, 512, 0)]) == (512, 0, [(512, 0)], 0)
+    assert trace_csv.native_figures([("alloc", 1, 512, 0)]) == (512, 0, 0)
     recorded_from_start = [("segment_alloc", 0, 2097152, 0), ("alloc", 0, 512, 0)]
-    assert replay_torch.trace_figures(recorded_from_start) == (512, 2097152, [(512, 2097152)], 0)
-    assert replay_torch.with_allocations_before_recording(events[1:2]) == events[1:2]
+    assert trace_csv.native_figures(recorded_from_start) == (512, 2097152, 0)
+    assert trace_csv.with_allocations_before_recording(events[1:2]) == events[1:2]
+    # A second free of one address is not read as an allocation before recording.
+    double_free = [("alloc", 1, 512, 0), ("free_completed", 1, 512, 0), ("free_completed", 1, 512, 0)]
+    assert trace_csv.allocations_before_recording(double_free) == []
+
+
+def test_trace_csv_reads_columns_in_any_order_and_skips_unknown_actions(tmp_path):
+    trace_csv = load_script("scripts", "trace_csv")
+    path = tmp_path / "t.trace.csv.gz"
+    with gzip.open(path, "wt") as f:
+        f.write('Stream,size,frames,addr,action\n7,512,"a.py:1, in f",4096,alloc\n0,2097152,,0,segment_alloc\n'
+                "7,512,,4096,segment_resize\n7,512,,4096,free_completed\n")
+    events, lines, skipped = trace_csv.read_events(str(path), ("alloc", "free_completed"))
+    assert events == [("alloc", 4096, 512, 7), ("free_completed", 4096, 512, 7)]
+    assert lines == 4
+    assert skipped == {"segment_resize": 1}
+    assert trace_csv.describe_skipped(skipped) == "1 line of actions the trace format does not name: segment_resize (1)"
+    bad = tmp_path / "bad.csv"
+    bad.write_text("action,addr,size\nalloc,1,2\n")
+    with pytest.raises(trace_csv.TraceFormatError, match="which lacks 'stream'"):
+        trace_csv.read_events(str(bad), ("alloc",))
+    bad.write_text("action,addr,size,stream,addr\n")
+    with pytest.raises(trace_csv.TraceFormatError, match="names column 'addr' twice"):
+        trace_csv.read_events(str(bad), ("alloc",))
+
+
+def test_replay_torch_replays_blocks_freed_before_allocated_as_allocated_first(tmp_path, capsys):
+    replay_torch = load_script("bench", "replay_torch")
+    path = tmp_path / "mid.trace.csv"
+    path.write_text("action,addr,size,stream\nsegment_free,0,20971520,0\nalloc,8192,3000,0\n"
+                    "free_completed,4096,1000,5\nworkspace_snapshot,0,0,0\nfree_completed,8192,3000,0\n")
+    events, lines = replay_torch.read_trace(str(path), replay_torch.RECORDED)
+    assert lines == 5
+    assert events[0] == ("alloc", 4096, 1000, 5)
+    assert "skipped 1 line of actions the trace format does not name: workspace_snapshot (1)" in capsys.readouterr().err
+    peak_live, native_peak, curve, before = replay_torch.trace_figures(events)
+    assert (peak_live, native_peak, before) == (4000, 20971520 + 4000, 20971520 + 4000)
+    assert curve[0] == (1000, 20971520 + 4000)
 
 
 SAMPLED_PROGRAM = r"""

@@ -157,10 +157,9 @@ TEST_CASE("trace_reader names the file and line of each malformed line", "[trace
       {"alloc,1,2,0x10", "stream '0x10' is not an unsigned decimal number"},
       {"alloc,18446744073709551616,2,0", "addr '18446744073709551616' is out of range"},
       {"alloc,1,99999999999999999999999,0", "size '99999999999999999999999' is out of range"},
-      {"segment_resize,1,2,0", "unknown action 'segment_resize' (known: alloc, free_requested, free_completed, "
-                               "segment_alloc, segment_free, segment_map, segment_unmap, oom, snapshot)"},
-      {"Alloc,1,2,0", "unknown action 'Alloc'"},
-      {"other,1,2,0", "unknown action 'other'"},
+      {"alloc,\"1,2,0", "a quoted field without its closing quote"},
+      {"alloc,\"1\"x,2,0", "a quoted field without its closing quote, or text after it"},
+      {"segment_resize,1,2", "expected 4 columns (action,addr,size,stream), found 3"},
   };
   temp_dir dir;
   int index = 0;
@@ -187,9 +186,12 @@ TEST_CASE("trace_reader rejects a missing or wrong header on line 1", "[trace_re
   };
   const std::vector<bad_header> cases = {
       {"", "empty trace: expected header 'action,addr,size,stream'"},
-      {"alloc,1,2,0\n", "expected header 'action,addr,size,stream', found 'alloc,1,2,0'"},
-      {"action,addr,size\nalloc,1,2\n", "found 'action,addr,size'"},
-      {"Action,Addr,Size,Stream\n", "found 'Action,Addr,Size,Stream'"},
+      {"alloc,1,2,0\n", "expected header 'action,addr,size,stream' (those columns in any order; others are "
+                         "ignored), found 'alloc,1,2,0', which lacks 'action', 'addr', 'size', 'stream'"},
+      {"action,addr,size\nalloc,1,2\n", "found 'action,addr,size', which lacks 'stream'"},
+      {"stream,size,addr,time_us\n", "found 'stream,size,addr,time_us', which lacks 'action'"},
+      {"action,addr,size,stream,addr\n", "the header 'action,addr,size,stream,addr' names column 'addr' twice"},
+      {"action,\"addr,size,stream\n", "which lacks 'action', 'addr', 'size', 'stream'"},
   };
   int index = 0;
   for (const bad_header& bad : cases) {
@@ -251,6 +253,87 @@ TEST_CASE("trace_reader reports a truncated gzip stream at the line where it end
     const read_outcome outcome = read_until_error(dir.write("bad_crc.csv.gz", damaged));
     CAPTURE(outcome.error);
     CHECK(outcome.error.find("corrupt gzip stream") != std::string::npos);
+  }
+}
+
+TEST_CASE("trace_reader takes the columns in the header's order and ignores others", "[trace_reader]") {
+  temp_dir dir;
+  const std::string body =
+      "Stream, SIZE ,time_us,addr,frames,action\n"
+      "7,512,100,4096,\"model.py:10, in forward\",alloc\n"
+      "0,2097152,101,8192,,segment_alloc\n"
+      "7,512,102,4096,\"a \"\"quoted\"\" frame, and a comma\",free_completed\r\n"
+      "7,512,103,4096,\"\",free_requested";
+  for (const std::string& path : {dir.write("cols.csv", body), dir.write_gzip("cols.csv.gz", body)}) {
+    INFO(path);
+    const std::vector<trace_file_event> events = load_trace(path);
+    REQUIRE(events.size() == 4);
+    CHECK(events[0].action == trace_file_action::alloc);
+    CHECK(events[0].addr == 4096);
+    CHECK(events[0].size == 512);
+    CHECK(events[0].stream == 7);
+    CHECK(events[1].action == trace_file_action::segment_alloc);
+    CHECK(events[1].size == 2097152);
+    CHECK(events[1].stream == 0);
+    CHECK(events[2].action == trace_file_action::free_completed);
+    CHECK(events[2].addr == 4096);
+    CHECK(events[3].action == trace_file_action::free_requested);
+    CHECK(events[3].line == 5);
+  }
+  SECTION("every line has as many columns as the header") {
+    const std::string path = dir.write("short.csv", "action,addr,size,stream,time_us\nalloc,1,2,0,5\nalloc,3,4,0\n");
+    const read_outcome outcome = read_until_error(path);
+    CHECK(outcome.events.size() == 1);
+    CHECK(outcome.error_line == 3);
+    CHECK(outcome.error.find("expected 5 columns (action,addr,size,stream,time_us), found 4") != std::string::npos);
+  }
+}
+
+TEST_CASE("trace_reader skips and tallies lines of actions the format does not name", "[trace_reader]") {
+  temp_dir dir;
+  const std::string path = dir.write("unknown.csv", k_header +
+                                                        "alloc,7,512,0\n"
+                                                        "segment_resize,not,a number,0\n"
+                                                        "Alloc,1,2,0\n"
+                                                        "segment_resize,1,2,0\n"
+                                                        "free_completed,7,512,0\n");
+  trace_reader reader(path);
+  std::vector<trace_file_event> events;
+  trace_file_event event;
+  while (reader.next(&event)) events.push_back(event);
+  REQUIRE(events.size() == 5);
+  CHECK(events[1].action == trace_file_action::other);
+  CHECK(events[1].line == 3);
+  CHECK(events[2].action == trace_file_action::other);
+  CHECK(events[4].action == trace_file_action::free_completed);
+  const std::vector<streamalloc::skipped_action>& skipped = reader.skipped_actions();
+  REQUIRE(skipped.size() == 2);
+  CHECK(skipped[0].name == "segment_resize");
+  CHECK(skipped[0].lines == 2);
+  CHECK(skipped[0].first_line == 3);
+  CHECK(skipped[1].name == "Alloc");
+  CHECK(skipped[1].lines == 1);
+  CHECK(skipped[1].first_line == 4);
+
+  SECTION("oom and snapshot are known: read, not skipped") {
+    std::vector<streamalloc::skipped_action> none;
+    const std::vector<trace_file_event> known =
+        load_trace(dir.write("known.csv", k_header + "oom,1,2,0\nsnapshot,0,0,0\n"), &none);
+    CHECK(known.size() == 2);
+    CHECK(none.empty());
+  }
+  SECTION("past the name limit, names share one entry") {
+    std::string body = k_header;
+    const std::size_t names = trace_reader::k_max_skipped_names + 4;
+    for (std::size_t i = 0; i < names; ++i) body += "made_up_" + std::to_string(i) + ",1,2,0\n";
+    std::vector<streamalloc::skipped_action> many;
+    load_trace(dir.write("many.csv", body), &many);
+    REQUIRE(many.size() == trace_reader::k_max_skipped_names);
+    CHECK(many.back().name == "(other names)");
+    std::uint64_t lines = 0;
+    for (const streamalloc::skipped_action& a : many) lines += a.lines;
+    CHECK(lines == names);
+    CHECK(many.back().lines == names - (trace_reader::k_max_skipped_names - 1));
   }
 }
 
