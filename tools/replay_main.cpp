@@ -42,7 +42,10 @@ constexpr const char* k_program = "streamalloc-replay";
 #error "STREAMALLOC_VERSION (the CMake project version) must be defined"
 #endif
 constexpr const char* k_version = STREAMALLOC_VERSION;
-constexpr std::size_t k_default_capacity_bytes = 141'000'000'000;  // an H200's 141 GB
+// An H200's memory as nvidia-smi and torch's total_memory give it (143771
+// MiB; its datasheet's "141 GB" is rounded): a trace a program made on one
+// fits.
+constexpr std::size_t k_default_capacity_bytes = std::size_t{143771} << 20;
 // Unreadable or inconsistent trace, out of memory, no GPU, unwritable
 // --timeline file; with --all, any trace that could not be replayed.
 constexpr int k_exit_failure = 1;
@@ -91,7 +94,8 @@ void print_help() {
       "                    or cuda (CUDA device 0 through streamalloc's CUDA\n"
       "                    backend; trace streams become created streams, 0 the\n"
       "                    default stream)\n"
-      "  --capacity BYTES  simulated device size, default 141G. Suffixes: K M G T\n"
+      "  --capacity BYTES  simulated device size, default 143771MiB (an H200's\n"
+      "                    memory as nvidia-smi gives it). Suffixes: K M G T\n"
       "                    (powers of 1000, also KB MB GB TB), KiB MiB GiB TiB.\n"
       "                    Ignored with --backend cuda\n"
       "  --timeline FILE   after the timed replay, replay again on a fresh allocator\n"

@@ -25,7 +25,8 @@ using namespace streamalloc;
 namespace fs = std::filesystem;
 
 const std::string k_corpus_dir = STREAMALLOC_TEST_DATA_DIR "/traces";
-constexpr std::size_t k_h200_bytes = 141'000'000'000;
+// An H200's memory as nvidia-smi gives it, streamalloc-replay's default.
+constexpr std::size_t k_h200_bytes = std::size_t{143771} << 20;
 
 // The target for every trace: peak reserved / peak allocated at most this
 // on the simulated device, with one set of default settings (issue 16).

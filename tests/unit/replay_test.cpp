@@ -33,7 +33,8 @@ namespace fs = std::filesystem;
 
 const std::string k_shared_trace = STREAMALLOC_SHARED_DIR "/traces/resnet50_train.trace.csv.gz";
 const std::string k_replay_bin = STREAMALLOC_REPLAY_BIN;
-constexpr std::size_t k_h200_bytes = 141'000'000'000;
+// An H200's memory as nvidia-smi gives it, streamalloc-replay's default.
+constexpr std::size_t k_h200_bytes = std::size_t{143771} << 20;
 // Figures from shared/traces/README.md (measured on the H200 that recorded it).
 constexpr std::size_t k_resnet_peak_live_bytes = 3'192'592'912;
 constexpr std::size_t k_resnet_native_peak_reserved_bytes = 4'106'223'616;
@@ -426,7 +427,7 @@ TEST_CASE("streamalloc-replay --json reports the ResNet-50 trace", "[replay][too
   CHECK(json_value(run.output, "peak_allocated_bytes") == std::to_string(k_resnet_peak_live_bytes));
   CHECK(json_value(run.output, "native_peak_reserved_bytes") == std::to_string(k_resnet_native_peak_reserved_bytes));
   CHECK(json_value(run.output, "ops") == "23407");
-  CHECK(json_value(run.output, "capacity_bytes") == "141000000000");
+  CHECK(json_value(run.output, "capacity_bytes") == std::to_string(k_h200_bytes));
   CHECK(json_value(run.output, "trace") == "\"" + k_shared_trace + "\"");
   CHECK(json_value(run.output, "native_frag_ratio") == "1.286172");
   CHECK(std::stoull(json_value(run.output, "peak_reserved_bytes")) <= k_resnet_native_peak_reserved_bytes);
@@ -457,6 +458,20 @@ TEST_CASE("streamalloc-replay options and exit codes", "[replay][tool]") {
     }
     const command_result equals_form = run_replay("--json --capacity=2G " + trace);
     CHECK(json_value(equals_form.output, "capacity_bytes") == "2000000000");
+  }
+  SECTION("the default device holds what a program held on an H200") {
+    // 136 GiB live at once: more than "141G" (131.3 GiB), less than the
+    // 140.4 GiB an H200 has.
+    const std::string big = quote(dir.write("big.csv", "action,addr,size,stream\nalloc,4096,146028888064,0\n"
+                                                       "alloc,8192,1048576,0\nfree_completed,4096,146028888064,0\n"
+                                                       "free_completed,8192,1048576,0\n"));
+    const command_result run = run_replay("--json " + big);
+    INFO(run.output);
+    CHECK(run.exit_code == 0);
+    CHECK(json_value(run.output, "peak_allocated_bytes") == "146029936640");
+    const command_result smaller = run_replay("--json --capacity 141G " + big);
+    CHECK(smaller.exit_code == 1);
+    CHECK(smaller.output.find("out of memory") != std::string::npos);
   }
   SECTION("--conf applies allocator settings") {
     const command_result run = run_replay("--json --conf max_split_size_mb:64 " + trace);
