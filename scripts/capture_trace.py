@@ -33,6 +33,7 @@ import sys
 import _streamalloc_version  # the checkout's version (CMakeLists.txt)
 import trace_csv
 
+
 def blocks(count):
     return f"{count} block" + ("" if count == 1 else "s")
 

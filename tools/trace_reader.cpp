@@ -33,10 +33,11 @@ std::string quoted(std::string_view text) {
   return out;
 }
 
-// Every action torch's TraceEntry knows (c10/core/CachingDeviceAllocator.h,
-// parseTraceEntryAction); oom and snapshot are read as trace_file_action::other.
 // The tally's entry for names past trace_reader::k_max_skipped_names.
 constexpr const char* k_other_names = "(other names)";
+
+// Every action torch's TraceEntry knows (c10/core/CachingDeviceAllocator.h,
+// parseTraceEntryAction); oom and snapshot are read as trace_file_action::other.
 struct action_name {
   std::string_view name;
   trace_file_action action;
