@@ -277,9 +277,11 @@ bool trace_reader::next(trace_file_event* out) {
   for (int i = 0; i < k_column_count; ++i) fields[i] = fields_[field_index_[i]];
   if (fields[0].empty()) fail(line_, "empty action field");
   out->line = line_;
-  if (!parse_action(fields[0], &out->action)) {
-    // The format says to ignore such lines; the tally says they were.
-    skip(fields[0]);
+  const bool known = parse_action(fields[0], &out->action);
+  if (out->action == trace_file_action::other || !known) {
+    // Not replayed, so not read further: an oom line may carry no address.
+    // The format says to ignore unknown actions; the tally says they were.
+    if (!known) skip(fields[0]);
     out->action = trace_file_action::other;
     out->addr = out->size = out->stream = 0;
     return true;

@@ -79,9 +79,10 @@ class trace_reader {
 
   // Stores the next event in *out and returns true, or returns false at the
   // end of the trace. Throws trace_error on a malformed line or a damaged
-  // file; events before the bad line have already been returned. A line of
-  // an action the format does not name is returned as trace_file_action::other
-  // (its numbers unread) and counted in skipped_actions().
+  // file; events before the bad line have already been returned. An oom or
+  // snapshot line, or one of an action the format does not name, is
+  // returned as trace_file_action::other with its numbers unread (0); the
+  // latter are counted in skipped_actions().
   bool next(trace_file_event* out);
 
   const std::string& path() const { return path_; }
