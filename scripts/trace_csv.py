@@ -60,6 +60,15 @@ def column_positions(header, path):
     return tuple(positions)
 
 
+def whole_number(text):
+    """int of `text`, also when written as a float with no fraction
+    ("1024.0"), as pandas writes an integer column that has an empty cell."""
+    whole, dot, fraction = text.partition(".")
+    if not (whole.isascii() and whole.isdigit()) or (dot and (not fraction or fraction.strip("0"))):
+        raise ValueError(text)
+    return int(whole)
+
+
 def read_events(path, actions):
     """(events, lines, skipped) of the trace at `path`: the (action, addr,
     size, stream) tuples of its lines whose action is in `actions`, in
@@ -82,7 +91,7 @@ def read_events(path, actions):
             action = row[a]
             if action in actions:
                 try:
-                    events.append((action, int(row[b]), int(row[c]), int(row[d])))
+                    events.append((action, whole_number(row[b]), whole_number(row[c]), whole_number(row[d])))
                 except ValueError:
                     raise TraceFormatError(f"{path}:{lines + 1}: addr, size and stream must be numbers") from None
             elif action not in KNOWN_ACTIONS:

@@ -99,6 +99,15 @@ bool split_csv(std::string_view line, std::vector<std::string_view>* fields) {
   }
 }
 
+// True for "" and for ".0", ".00", ...: what follows the digits of a whole
+// number written as a float, as a CSV written by pandas does when a column
+// also holds an empty cell (an oom entry's address).
+bool only_zero_decimals(std::string_view rest) {
+  if (rest.empty()) return true;
+  if (rest.size() < 2 || rest.front() != '.') return false;
+  return rest.find_first_not_of('0', 1) == std::string_view::npos;
+}
+
 std::string_view trim(std::string_view text) {
   while (!text.empty() && std::isspace(static_cast<unsigned char>(text.front()))) text.remove_prefix(1);
   while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back()))) text.remove_suffix(1);
@@ -299,7 +308,7 @@ bool trace_reader::next(trace_file_event* out) {
       fail(line_, std::string(k_column_names[i]) + " " + quoted(text) + " is out of range (largest is " +
                       std::to_string(std::numeric_limits<std::uint64_t>::max()) + ")");
     }
-    if (ec != std::errc() || end != text.data() + text.size()) {
+    if (ec != std::errc() || !only_zero_decimals(std::string_view(end, text.data() + text.size() - end))) {
       fail(line_, std::string(k_column_names[i]) + " " + quoted(text) + " is not an unsigned decimal number");
     }
     numbers[i - 1] = value;

@@ -154,6 +154,9 @@ TEST_CASE("trace_reader names the file and line of each malformed line", "[trace
       {"alloc,1,+2,0", "size '+2' is not an unsigned decimal number"},
       {"alloc, 1,2,0", "addr ' 1' is not an unsigned decimal number"},
       {"alloc,1,2.5,0", "size '2.5' is not an unsigned decimal number"},
+      {"alloc,1,2.,0", "size '2.' is not an unsigned decimal number"},
+      {"alloc,1,2.0x,0", "size '2.0x' is not an unsigned decimal number"},
+      {"alloc,1,2e3,0", "size '2e3' is not an unsigned decimal number"},
       {"alloc,1,2,0x10", "stream '0x10' is not an unsigned decimal number"},
       {"alloc,18446744073709551616,2,0", "addr '18446744073709551616' is out of range"},
       {"alloc,1,99999999999999999999999,0", "size '99999999999999999999999' is out of range"},
@@ -287,6 +290,19 @@ TEST_CASE("trace_reader takes the columns in the header's order and ignores othe
     CHECK(outcome.error_line == 3);
     CHECK(outcome.error.find("expected 5 columns (action,addr,size,stream,time_us), found 4") != std::string::npos);
   }
+}
+
+TEST_CASE("trace_reader reads whole numbers written as floats", "[trace_reader]") {
+  // pandas writes an integer column that also holds an empty cell as floats.
+  temp_dir dir;
+  const std::string path = dir.write("floats.csv", k_header + "alloc,140139680497664.0,37632.0,0.0\n"
+                                                              "free_completed,140139680497664.00,37632,0\n");
+  const std::vector<trace_file_event> events = load_trace(path);
+  REQUIRE(events.size() == 2);
+  CHECK(events[0].addr == 140139680497664ULL);
+  CHECK(events[0].size == 37632);
+  CHECK(events[0].stream == 0);
+  CHECK(events[1].addr == 140139680497664ULL);
 }
 
 TEST_CASE("trace_reader skips and tallies lines of actions the format does not name", "[trace_reader]") {
