@@ -35,7 +35,10 @@ def open_for_reading(path):
     """Text stream of `path`, gzip'd or plain (told by the magic bytes)."""
     with open(path, "rb") as f:
         gzipped = f.read(2) == b"\x1f\x8b"
-    return gzip.open(path, "rt", newline="") if gzipped else open(path, newline="")
+    # utf-8-sig: a byte order mark before the header, as spreadsheet programs write, is not part of it.
+    if gzipped:
+        return gzip.open(path, "rt", newline="", encoding="utf-8-sig")
+    return open(path, newline="", encoding="utf-8-sig")
 
 
 def open_for_writing(path):

@@ -177,6 +177,8 @@ trace_reader::trace_reader(const std::string& path) : path_(path), buffer_(k_buf
 void trace_reader::read_header() {
   std::string_view header;
   if (!next_line(&header)) fail(1, "empty trace: expected header '" + std::string(k_header) + "'");
+  constexpr std::string_view k_utf8_bom = "\xEF\xBB\xBF";  // spreadsheet programs write one
+  if (header.substr(0, k_utf8_bom.size()) == k_utf8_bom) header.remove_prefix(k_utf8_bom.size());
   header_ = std::string(header);
   if (header == k_header) return;  // the format's own order, the common case
   std::vector<std::string_view> names;

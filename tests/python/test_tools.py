@@ -192,6 +192,9 @@ def test_trace_csv_reads_columns_in_any_order_and_skips_unknown_actions(tmp_path
     assert lines == 4
     assert skipped == {"segment_resize": 1}
     assert trace_csv.describe_skipped(skipped) == "1 line of actions the trace format does not name: segment_resize (1)"
+    bom = tmp_path / "bom.csv"
+    bom.write_bytes(b"\xef\xbb\xbfaction,addr,size,stream\nalloc,1,2,0\n")
+    assert trace_csv.read_events(str(bom), ("alloc",))[0] == [("alloc", 1, 2, 0)]
     floats = tmp_path / "floats.csv"
     floats.write_text("action,addr,size,stream\nalloc,4096.0,512.00,0.0\noom,,1024,0\n")
     assert trace_csv.read_events(str(floats), ("alloc",))[0] == [("alloc", 4096, 512, 0)]

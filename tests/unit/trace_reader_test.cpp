@@ -292,6 +292,14 @@ TEST_CASE("trace_reader takes the columns in the header's order and ignores othe
   }
 }
 
+TEST_CASE("trace_reader reads a header after a UTF-8 byte order mark", "[trace_reader]") {
+  temp_dir dir;
+  const std::string path = dir.write("bom.csv", "\xEF\xBB\xBF" + k_header + "alloc,1,2,0\n");
+  const std::vector<trace_file_event> events = load_trace(path);
+  REQUIRE(events.size() == 1);
+  CHECK(events[0].action == trace_file_action::alloc);
+}
+
 TEST_CASE("trace_reader reads whole numbers written as floats", "[trace_reader]") {
   // pandas writes an integer column that also holds an empty cell as floats.
   temp_dir dir;
