@@ -154,6 +154,7 @@ step_pytest() {
   test -d "$site_dir" || { echo "gpu-check: the pip step did not install the package" >&2; return 1; }
   PYTHONPATH="$site_dir${PYTHONPATH:+:$PYTHONPATH}" \
     STREAMALLOC_COUNTING_ALLOCATOR="$build_dir/lib/libcounting_allocator.so" \
+    STREAMALLOC_REPLAY_BIN="$build_dir/bin/streamalloc-replay" \
     "$python_bin" -m pytest ${PYTEST_TARGETS:-tests/python} ${PYTEST_K:+-k "$PYTEST_K"} -v -rs --durations=20 2>&1 | tee "$log"
   # A run where everything skipped proves nothing on a GPU machine.
   grep -Eq '[0-9]+ passed' "$log" || { echo "gpu-check: pytest passed no test" >&2; return 1; }

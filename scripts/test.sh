@@ -45,7 +45,7 @@ scripts/check-torch-layer.sh || failed=1
 
 echo "== pytest"
 set +e
-PYTHONPATH="$PWD/python" python3 -m pytest tests/python -rs -q
+PYTHONPATH="$PWD/python" STREAMALLOC_REPLAY_BIN="$PWD/build/bin/streamalloc-replay" python3 -m pytest tests/python -rs -q
 rc=$?
 set -e
 # 5 = nothing collected; every other non-zero code is a failure.

@@ -210,20 +210,6 @@ def test_trace_csv_reads_columns_in_any_order_and_skips_unknown_actions(tmp_path
         trace_csv.read_events(str(bad), ("alloc",))
 
 
-def test_replay_torch_replays_blocks_freed_before_allocated_as_allocated_first(tmp_path, capsys):
-    replay_torch = load_script("bench", "replay_torch")
-    path = tmp_path / "mid.trace.csv"
-    path.write_text("action,addr,size,stream\nsegment_free,0,20971520,0\nalloc,8192,3000,0\n"
-                    "free_completed,4096,1000,5\nworkspace_snapshot,0,0,0\nfree_completed,8192,3000,0\n")
-    events, lines = replay_torch.read_trace(str(path), replay_torch.RECORDED)
-    assert lines == 5
-    assert events[0] == ("alloc", 4096, 1000, 5)
-    assert "skipped 1 line of actions the trace format does not name: workspace_snapshot (1)" in capsys.readouterr().err
-    peak_live, native_peak, curve, before = replay_torch.trace_figures(events)
-    assert (peak_live, native_peak, before) == (4000, 20971520 + 4000, 20971520 + 4000)
-    assert curve[0] == (1000, 20971520 + 4000)
-
-
 SAMPLED_PROGRAM = r"""
 #include <pthread.h>
 #include <stdio.h>
