@@ -179,8 +179,8 @@ def main():
         events = as_events(earlier) + events
     if freed_early:
         print(
-            f"capture_trace: {blocks(len(freed_early))} ({sum(e[2] for e in freed_early):,} B) are freed without an alloc "
-            "(allocated before recording began); replay allocates them before the first event",
+            f"capture_trace: {blocks(len(freed_early))} ({sum(e[2] for e in freed_early):,} B) are freed without "
+            "an alloc (allocated before recording began); replay allocates them before the first event",
             file=sys.stderr,
         )
     if recorded_entries >= args.max_entries:

@@ -35,7 +35,7 @@ def scale_trace(src, dst, factor):
             if row[action] in trace_csv.GROWS + trace_csv.SHRINKS:
                 continue
             if row[action] in ("alloc", "free_requested", "free_completed"):
-                bytes_ = int(row[size])
+                bytes_ = trace_csv.whole_number(row[size])
                 row[size] = str(max(1, int(bytes_ * factor)) if bytes_ > 0 else 0)
             writer.writerow(row)
 
