@@ -144,7 +144,22 @@ TEST_CASE("free_block_index: walks go in (stream, size, address) order and filte
   std::vector<stream_handle> streams;
   index.for_each_stream([&](stream_handle s) { streams.push_back(s); });
   CHECK(streams == std::vector<stream_handle>{2, 5, 9});
-  CHECK(index.stream_count() == 3);
+  CHECK_FALSE(index.one_stream());
+
+  // Each stream's best fit for 2 KiB: stream 2's 1 MiB block (classes),
+  // stream 5's 40 MiB (tree only), stream 9's first 4 KiB block (classes,
+  // though it has tree blocks too); for 48 MiB only the tree's.
+  std::vector<key> fits;
+  const auto fits_besides = [&](std::size_t bytes, stream_handle skip) {
+    fits.clear();
+    index.for_each_best_fit(bytes, skip, [&](stream_handle, const block* b) { fits.push_back(key_of(b)); });
+    return fits;
+  };
+  CHECK(fits_besides(2_KiB, 0) == std::vector<key>{{2, 1_MiB, 0x40000}, {5, 40_MiB, 0x10000000}, {9, 4_KiB, 0x1000}});
+  CHECK(fits_besides(2_KiB, 5) == std::vector<key>{{2, 1_MiB, 0x40000}, {9, 4_KiB, 0x1000}});
+  CHECK(fits_besides(2_KiB, 9) == std::vector<key>{{2, 1_MiB, 0x40000}, {5, 40_MiB, 0x10000000}});
+  CHECK(fits_besides(48_MiB, 0) == std::vector<key>{{9, 64_MiB, 0x4000000}});
+  CHECK(fits_besides(48_MiB, 9).empty());
 
   // The first block of stream 9 from 2 KiB on that is not at 0x1000 nor
   // 0x2000: past two equal sizes, in address order.
@@ -155,6 +170,31 @@ TEST_CASE("free_block_index: walks go in (stream, size, address) order and filte
   REQUIRE(found != nullptr);
   CHECK(key_of(found) == key{9, 64_MiB, 0x4000000});
   CHECK(index.first_fit_if(9, 512, [](const block*) { return false; }) == nullptr);
+}
+
+TEST_CASE("free_block_index: one_stream tells one stream from none and from several", "[free_block_index]") {
+  node_recycler recycler;
+  free_block_index index(k_class_bytes, &recycler);
+  block_store store;
+  CHECK_FALSE(index.one_stream());
+  block* small = store.make(4, 4_KiB, 0x1000);
+  block* large = store.make(4, 64_MiB, 0x4000000);
+  index.insert(small);
+  CHECK(index.one_stream());
+  index.insert(large);
+  CHECK(index.one_stream());
+  index.erase(small);
+  CHECK(index.one_stream());  // the tree alone
+  block* other_in_tree = store.make(7, 40_MiB, 0x10000000);
+  index.insert(other_in_tree);
+  CHECK_FALSE(index.one_stream());
+  index.erase(other_in_tree);
+  block* other_in_classes = store.make(1, 512, 0x500);
+  index.insert(other_in_classes);
+  CHECK_FALSE(index.one_stream());
+  index.erase(other_in_classes);
+  index.erase(large);
+  CHECK_FALSE(index.one_stream());  // empty, though stream 4's and 1's bins stay
 }
 
 TEST_CASE("free_block_index: a narrower class width and sizes off it", "[free_block_index]") {
@@ -264,6 +304,25 @@ TEST_CASE("free_block_index: randomized operations match an ordered set", "[free
       }
     }
     REQUIRE(index.size() == reference.size());
+    {
+      // Every stream's best fit in one pass: what best_fit gives each one.
+      const std::size_t bytes = pick(rng) < 50 ? random_size() : random_size() - 1;
+      const stream_handle skip = stream_pick(rng);
+      std::vector<key> visited;
+      index.for_each_best_fit(bytes, skip, [&](stream_handle stream, const block* b) {
+        REQUIRE(b->stream == stream);
+        visited.push_back(key_of(b));
+      });
+      std::vector<key> want;
+      for (stream_handle stream = 0; stream <= 3; ++stream) {
+        const key fit = expected_fit(stream, bytes);
+        if (stream != skip && std::get<0>(fit) != ~stream_handle{0}) want.push_back(fit);
+      }
+      REQUIRE(visited == want);
+      std::set<stream_handle> streams;
+      for (const key& k : reference) streams.insert(std::get<0>(k));
+      REQUIRE(index.one_stream() == (streams.size() == 1));
+    }
     for (int probe = 0; probe < 4; ++probe) {
       const stream_handle stream = stream_pick(rng);
       const std::size_t bytes = pick(rng) < 50 ? random_size() : random_size() - 1;

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "streamalloc/core/stream_counts.hpp"
 #include "streamalloc/util/errors.hpp"
 #include "support/catch.hpp"
 #include "support/sim_fixture.hpp"
@@ -78,11 +79,15 @@ struct run_options {
   // Full consistency check (validate, snapshot recount, pool of each block)
   // every this many steps; 1 = after every step.
   std::size_t check_every = 1;
+  // Streams beside the fixture's three: past stream_counts::k_scanned,
+  // counts go through its index and borrowing asks every stream.
+  std::size_t extra_streams = 0;
 };
 
 std::string describe(const run_options& o) {
   std::ostringstream out;
   out << "seed " << o.seed << ", " << o.steps << " steps, full check every " << o.check_every;
+  if (o.extra_streams != 0) out << ", " << 3 + o.extra_streams << " streams";
   return out.str();
 }
 
@@ -93,7 +98,13 @@ class random_run {
         rng_(options.seed),
         manual_events_(options.seed % 2 == 0),
         fixture_(make_sim_config(options.seed), make_allocator_config(options.seed)),
-        streams_{fixture_.s1, fixture_.s2, fixture_.s3} {}
+        streams_(make_streams(fixture_, options.extra_streams)) {}
+
+  static std::vector<stream_handle> make_streams(sim_fixture& fixture, std::size_t extra) {
+    std::vector<stream_handle> streams{fixture.s1, fixture.s2, fixture.s3};
+    for (std::size_t i = 0; i < extra; ++i) streams.push_back(fixture.sim.new_stream());
+    return streams;
+  }
 
   run_coverage run() {
     for (step_ = 0; step_ < options_.steps; ++step_) {
@@ -921,13 +932,15 @@ class random_run {
   std::map<pool_id, pool_checkpoint> checkpoints_;  // the latest of each pool
 };
 
-run_coverage run_seeds(std::uint64_t first_seed, std::uint64_t seed_count, std::size_t steps, std::size_t check_every) {
+run_coverage run_seeds(std::uint64_t first_seed, std::uint64_t seed_count, std::size_t steps, std::size_t check_every,
+                       std::size_t extra_streams = 0) {
   run_coverage total;
   for (std::uint64_t seed = first_seed; seed < first_seed + seed_count; ++seed) {
     run_options o;
     o.seed = seed;
     o.steps = steps;
     o.check_every = check_every;
+    o.extra_streams = extra_streams;
     INFO(describe(o));
     total.add(random_run(o).run());
   }
@@ -974,6 +987,18 @@ TEST_CASE("randomized: short differential run against the reference model", "[ra
   const run_coverage sparse = run_seeds(50, 8, 12000, 16);
   check_coverage(sparse, 8 * 12000);
   CHECK(sparse.recent_reuses > 0);
+}
+
+TEST_CASE("randomized: forty streams against the reference model", "[randomized]") {
+  // Past stream_counts::k_scanned streams: the counts' index, and borrowing
+  // that asks every stream for its best fit in one pass.
+  static_assert(3 + 37 > stream_counts::k_scanned, "the run must pass the scanned streams");
+  const run_coverage c = run_seeds(200, 6, 12000, 1, 37);
+  INFO("allocations " << c.allocations << ", cross-stream reuses " << c.cross_stream_reuses << ", pending frees "
+                      << c.pending_frees << ", out_of_memory " << c.ooms);
+  CHECK(c.allocations > 6 * 12000 / 4);
+  CHECK(c.cross_stream_reuses > 0);
+  CHECK(c.pending_frees > 0);
 }
 
 TEST_CASE("randomized: long differential run against the reference model", "[randomized][slow]") {

@@ -471,16 +471,23 @@ block* caching_allocator::find_other_stream_block_locked(free_block_index& free_
   // the stream this allocator served first: an order of the program's, not
   // of the handles' values, which the runtime picks and which may differ
   // from one run of the same program to the next.
-  free_set.for_each_stream([&](stream_handle other) {
-    if (other == stream) return;
-    block* candidate = usable_fit_locked(free_set, rounded, other);
-    if (candidate == nullptr || !policy_.may_reuse(candidate->size, rounded, candidate->owner->expandable())) return;
+  const auto consider = [&](stream_handle other, block* candidate) {
+    if (candidate == nullptr) return;
+    if (!policy_.may_reuse(candidate->size, rounded, candidate->owner->expandable())) return;
+    if (best != nullptr && candidate->size > best->size) return;
     const std::size_t rank = active_by_stream_.rank(other);
-    if (best == nullptr || candidate->size < best->size || (candidate->size == best->size && rank < best_rank)) {
+    if (best == nullptr || candidate->size < best->size || rank < best_rank) {
       best = candidate;
       best_rank = rank;
     }
-  });
+  };
+  if (expandable_ || chunk_bytes_ == 0) {
+    free_set.for_each_best_fit(rounded, stream, consider);
+  } else {
+    free_set.for_each_stream([&](stream_handle other) {
+      if (other != stream) consider(other, usable_fit_locked(free_set, rounded, other));
+    });
+  }
   return best;
 }
 

@@ -502,7 +502,7 @@ std::size_t caching_allocator::steal_idle_chunks_locked(std::size_t wanted, cons
     // Free blocks of one stream never touch (they coalesce), so in a set
     // of one stream every run is one block, and only blocks of a chunk or
     // more can hold one.
-    set->for_each_unordered(add_runs, set->stream_count() == 1 ? chunk_bytes_ : 0);
+    set->for_each_unordered(add_runs, set->one_stream() ? chunk_bytes_ : 0);
   }
   if (donors.empty()) return 0;
   // Small holes first: they are the fragmentation; large free blocks are

@@ -29,14 +29,17 @@
 //   never allocates, even when cross-stream reuse moves a stream's last
 //   block away and back.
 // - Walks in (stream, size, address) order (validate, statistics, the OOM
-//   report, cross-stream borrowing, releasing oversize segments) sort each
-//   class's heap by address: slower than a tree walk, and off the hot path.
+//   report, releasing oversize segments) sort each class's heap by address:
+//   slower than a tree walk, and off the hot path. Cross-stream borrowing
+//   asks every stream for its best fit in one pass over the streams
+//   (for_each_best_fit), with no lookup of each.
 //   The stitch's donor search and the placement of new chunks, which run
 //   on every stitch or growth and need no order, walk the heaps as they
 //   are (for_each_unordered).
 #include "streamalloc/core/free_block_index.hpp"
 
 #include <algorithm>
+#include <iterator>
 #include <limits>
 
 namespace streamalloc {
@@ -128,10 +131,22 @@ block* free_block_index::best_in_tree(stream_handle stream, std::size_t bytes) c
   return it != tree_.end() && it->stream == stream ? it->b : nullptr;
 }
 
-std::size_t free_block_index::stream_count() const {
-  std::size_t count = 0;
-  for_each_stream([&count](stream_handle) { ++count; });
-  return count;
+bool free_block_index::one_stream() const {
+  bool any = false;
+  stream_handle only = 0;
+  if (!tree_.empty()) {
+    // Ordered by stream first: one stream when the first and last agree.
+    if (tree_.begin()->stream != std::prev(tree_.end())->stream) return false;
+    only = tree_.begin()->stream;
+    any = true;
+  }
+  for (const auto& s : streams_) {
+    if (s->blocks == 0) continue;
+    if (any && s->stream != only) return false;
+    only = s->stream;
+    any = true;
+  }
+  return any;
 }
 
 std::string free_block_index::first_violation() const {

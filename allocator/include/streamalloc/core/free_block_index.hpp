@@ -51,6 +51,12 @@ class free_block_index {
   // must not change the index.
   template <typename fn>
   void for_each_stream(fn&& visit) const;
+  // visit(stream, best_fit(stream, bytes)) for each stream but `skip` whose
+  // best fit exists, in ascending stream order, in one pass that looks no
+  // stream up: a search of every stream costs as many best fits, not as
+  // many lookups as well. `visit` must not change the index.
+  template <typename fn>
+  void for_each_best_fit(std::size_t bytes, stream_handle skip, fn&& visit) const;
   // Visits the blocks of at least `min_bytes` in (stream, size, address)
   // order. `visit` must not change the index.
   template <typename fn>
@@ -60,8 +66,9 @@ class free_block_index {
   // not change the index.
   template <typename fn>
   void for_each_unordered(fn&& visit, std::size_t min_bytes = 0) const;
-  // How many streams have a block here.
-  std::size_t stream_count() const;
+  // True when the blocks here belong to exactly one stream; without a walk
+  // of the tree's streams.
+  bool one_stream() const;
 
   std::size_t size() const { return size_; }
   // The first broken invariant of the index's own structure, or "" if none:
@@ -97,8 +104,10 @@ class free_block_index {
   std::size_t class_for_request(std::size_t bytes) const {
     return bytes <= max_class_request_ ? (bytes + ((std::size_t{1} << shift_) - 1)) >> shift_ : k_classes;
   }
-  // The smallest non-empty class >= c of `s`, or k_classes.
-  static std::size_t next_class(const stream_bins& s, std::size_t c);
+  // The smallest non-empty class >= c of `s`, or k_classes. Always inlined:
+  // with a second caller (for_each_best_fit) g++ called it out of line from
+  // best_fit, a few instructions more on every allocation.
+  [[gnu::always_inline]] static std::size_t next_class(const stream_bins& s, std::size_t c);
   static block* heap_of(const stream_bins& s, std::size_t c) {
     return s.groups[c / k_group_classes]->heaps[c % k_group_classes];
   }
@@ -165,7 +174,7 @@ class free_block_index {
   free_block_tree tree_;  // blocks without a class, all streams
 };
 
-inline std::size_t free_block_index::next_class(const stream_bins& s, std::size_t c) {
+[[gnu::always_inline]] inline std::size_t free_block_index::next_class(const stream_bins& s, std::size_t c) {
   if (c >= k_classes) return k_classes;
   std::size_t g = c / k_group_classes;
   if (const class_group* group = s.groups[g].get()) {
@@ -312,6 +321,53 @@ void free_block_index::for_each_stream(fn&& visit) const {
     if (in_tree || s->blocks != 0) visit(s->stream);
   }
   for (; t != tree_.end(); t = next_stream(t)) visit(t->stream);
+}
+
+template <typename fn>
+void free_block_index::for_each_best_fit(std::size_t bytes, stream_handle skip, fn&& visit) const {
+  const std::size_t request_class = class_for_request(bytes);
+  auto t = tree_.begin();
+  // The best fit among the tree entries of t's stream, whose first entry t
+  // is (nullptr for `skip`); t moves on to the next stream's.
+  const auto tree_best = [&]() -> block* {
+    const stream_handle stream = t->stream;
+    if (stream == skip) {
+      t = next_stream(t);
+      return nullptr;
+    }
+    const auto it = tree_.lower_bound(tree_entry{stream, bytes, 0, nullptr});
+    t = next_stream(t);
+    return it != tree_.end() && it->stream == stream ? it->b : nullptr;
+  };
+  const auto tree_streams_before = [&](stream_handle limit, bool all) {
+    while (t != tree_.end() && (all || t->stream < limit)) {
+      const stream_handle stream = t->stream;
+      if (block* b = tree_best()) visit(stream, b);
+    }
+  };
+  for (const auto& s : streams_) {
+    tree_streams_before(s->stream, false);
+    const bool in_tree = t != tree_.end() && t->stream == s->stream;
+    if (s->stream == skip) {
+      if (in_tree) t = next_stream(t);
+      continue;
+    }
+    block* b = nullptr;
+    if (request_class < k_classes && s->blocks != 0) {
+      // A class block is smaller than any tree block: the tree is not asked.
+      const std::size_t c = next_class(*s, request_class);
+      if (c < k_classes) b = heap_of(*s, c);
+    }
+    if (in_tree) {
+      if (b == nullptr) {
+        b = tree_best();
+      } else {
+        t = next_stream(t);
+      }
+    }
+    if (b != nullptr) visit(s->stream, b);
+  }
+  tree_streams_before(0, true);
 }
 
 template <typename fn>
