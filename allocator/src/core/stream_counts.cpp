@@ -18,13 +18,16 @@ void stream_counts::add_past_scan(stream_handle stream, std::int64_t delta) {
   // A failed allocation (bad_alloc) leaves the counts as they were.
   entries_.reserve(entries_.size() + 1);
   if (entries_.size() >= k_scanned) {
+    // The index exists once past k_scanned streams; it is built here, with
+    // the stream that passes them.
+    const bool building = entries_.size() == k_scanned;
     try {
-      if (index_.empty()) {
+      if (building) {
         for (std::size_t j = 0; j < entries_.size(); ++j) index_.emplace(entries_[j].first, j);
       }
-      index_.emplace(stream, entries_.size());
+      index_.emplace(stream, entries_.size());  // on failure the map is as it was
     } catch (...) {
-      index_.clear();  // built again in full by the next first count
+      if (building) index_.clear();  // the scan serves until the next try
       throw;
     }
   }
