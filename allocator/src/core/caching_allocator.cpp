@@ -481,6 +481,8 @@ block* caching_allocator::find_other_stream_block_locked(free_block_index& free_
       best_rank = rank;
     }
   };
+  // usable_fit_locked's two cases: every block usable (one pass over the
+  // streams), or only blocks of plain segments (a filtered walk of each).
   if (expandable_ || chunk_bytes_ == 0) {
     free_set.for_each_best_fit(rounded, stream, consider);
   } else {
