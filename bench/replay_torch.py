@@ -76,13 +76,21 @@ def read_trace(path, actions):
     """The trace's events whose action is in `actions`, as (action, addr,
     size, stream) tuples, with the allocations made before recording began
     put first, and the number of lines after the header. Lines of actions
-    the format does not name are skipped with a warning."""
+    the format does not name are skipped with a warning; in a trace without
+    free_completed lines, blocks are freed at their free_requested, with a
+    warning."""
     try:
-        events, lines, skipped = trace_csv.read_events(path, actions)
+        events, lines, skipped = trace_csv.read_events(path, tuple(actions) + ("free_requested",))
     except trace_csv.TraceFormatError as e:
         raise SystemExit(f"replay_torch: {e}") from None
     if skipped:
         print(f"replay_torch: warning: {path}: skipped {trace_csv.describe_skipped(skipped)}", file=sys.stderr)
+    events, converted = trace_csv.free_at_requests_without_completions(events)
+    if converted:
+        print(f"replay_torch: warning: {path}: no free_completed line; {converted} free_requested replayed as frees",
+              file=sys.stderr)
+    if "free_requested" not in actions:
+        events = [e for e in events if e[0] != "free_requested"]
     return trace_csv.with_allocations_before_recording(events), lines
 
 

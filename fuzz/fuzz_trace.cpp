@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "recording_start.hpp"
+#include "requested_frees.hpp"
 #include "streamalloc/backend/sim_backend.hpp"
 #include "streamalloc/core/caching_allocator.hpp"
 #include "streamalloc/core/config.hpp"
@@ -65,6 +66,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     return 0;
   }
   // As streamalloc-replay loads a trace.
+  free_at_requests_without_completions(&events);
   add_allocations_before_recording(&events);
   sim_config device;
   device.capacity_bytes = 1_GiB;

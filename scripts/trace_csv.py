@@ -3,8 +3,9 @@ Python tools: a CSV file, gzip'd or plain, whose header names the columns
 action, addr, size and stream (in any order; other columns are ignored),
 one event a line. Lines of actions the format does not name are skipped
 and counted, as streamalloc-replay does. Also the two rules a trace
-recorded mid-run needs, the same as streamalloc-replay's
-(tools/recording_start.cpp, tools/trace_replay.cpp).
+recorded mid-run needs and the one for a trace without free_completed
+lines, the same as streamalloc-replay's (tools/recording_start.cpp,
+tools/trace_replay.cpp, tools/requested_frees.cpp).
 """
 
 import csv
@@ -63,9 +64,18 @@ def column_positions(header, path):
     return tuple(positions)
 
 
+HEX_DIGITS = frozenset("0123456789abcdefABCDEF")
+
+
 def whole_number(text):
-    """int of `text`, also when written as a float with no fraction
-    ("1024.0"), as pandas writes an integer column that has an empty cell."""
+    """int of `text`: decimal digits, also when written as a float with no
+    fraction ("1024.0", as pandas writes an integer column that has an
+    empty cell), or hexadecimal digits after 0x (how pointers and stream
+    handles are often printed)."""
+    if text[:2] in ("0x", "0X") and len(text) > 2:
+        if not HEX_DIGITS.issuperset(text[2:]):
+            raise ValueError(text)
+        return int(text[2:], 16)
     whole, dot, fraction = text.partition(".")
     if not (whole.isascii() and whole.isdigit()) or (dot and (not fraction or fraction.strip("0"))):
         raise ValueError(text)
@@ -100,6 +110,20 @@ def read_events(path, actions):
             elif action not in KNOWN_ACTIONS:
                 skipped[action] = skipped.get(action, 0) + 1
     return events, lines, skipped
+
+
+def free_at_requests_without_completions(events):
+    """(events, n): when `events` hold free_requested events and no
+    free_completed, each free_requested becomes a free_completed (n of
+    them); else `events` as they are and 0. torch records a free at the
+    request and again when the block can be used again, and replay frees at
+    the second; a trace whose writer kept only the first would otherwise
+    never free a block (as streamalloc-replay, tools/requested_frees.hpp)."""
+    if any(action == "free_completed" for action, *_ in events):
+        return events, 0
+    converted = [("free_completed", *rest) if action == "free_requested" else (action, *rest)
+                 for action, *rest in events]
+    return converted, sum(1 for action, *_ in events if action == "free_requested")
 
 
 def describe_skipped(skipped):

@@ -30,6 +30,7 @@
 #include "peak_anatomy.hpp"
 #include "recording_start.hpp"
 #include "replay_calls.hpp"
+#include "requested_frees.hpp"
 #include "trace_reader.hpp"
 #include "trace_replay.hpp"
 
@@ -84,7 +85,9 @@ void print_help() {
       "Peak reserved / peak allocated is 1.0 at best: every reserved byte in use\n"
       "at the peak. The header may name its four columns in any order and others\n"
       "beside them (ignored); lines of actions the format does not name are\n"
-      "skipped with a warning that names them.\n"
+      "skipped with a warning that names them. Numbers are decimal, or\n"
+      "hexadecimal after 0x. A trace without free_completed lines frees each\n"
+      "block at its free_requested (with a warning).\n"
       "\n"
       "options:\n"
       "  --all DIR         replay every *.trace.csv and *.trace.csv.gz in DIR (not\n"
@@ -289,6 +292,7 @@ void json_members(json_writer& w, const replay_result& r) {
   w.key("skipped_actions").begin_object();
   for (const skipped_action& a : r.skipped_actions) w.key(a.name).value(a.lines);
   w.end_object();
+  w.key("frees_at_requests").value(r.frees_at_requests);
 }
 
 // --peak-anatomy as a member of the current JSON object (null: nothing reserved).
@@ -456,6 +460,10 @@ void print_table(const options& opts, const allocator_config& config, const repl
   if (!r.skipped_actions.empty()) {
     std::printf("skipped   %s (%s)\n", skipped_lines_text(r.skipped_actions).c_str(),
                 skipped_names(r.skipped_actions, false).c_str());
+  }
+  if (r.frees_at_requests > 0) {
+    std::printf("frees     at free_requested (the trace has no free_completed line): %llu\n",
+                static_cast<unsigned long long>(r.frees_at_requests));
   }
   std::printf("device    %s (%s), capacity %s\n", opts.backend.c_str(), device_label(opts.backend).c_str(),
               bytes_cell(opts.capacity_bytes).c_str());
@@ -673,29 +681,41 @@ struct trace_outcome {
 };
 
 // The trace at `path`, with the allocations made before its recording
-// began; lines of actions the format does not name go to *skipped, and a
-// warning names them.
-std::vector<trace_file_event> load_for_replay(const std::string& path, std::vector<skipped_action>* skipped) {
-  std::vector<trace_file_event> events = load_trace(path, skipped);
-  if (!skipped->empty()) {
+// began, and *result's skipped_actions and frees_at_requests; a warning
+// names the lines skipped, and the frees replayed at their requests.
+std::vector<trace_file_event> load_for_replay(const std::string& path, replay_result* result) {
+  std::vector<trace_file_event> events = load_trace(path, &result->skipped_actions);
+  const std::vector<skipped_action>& skipped = result->skipped_actions;
+  if (!skipped.empty()) {
     std::fprintf(stderr, "%s: warning: %s: skipped %s: %s\n", k_program, path.c_str(),
-                 skipped_lines_text(*skipped).c_str(), skipped_names(*skipped, true).c_str());
+                 skipped_lines_text(skipped).c_str(), skipped_names(skipped, true).c_str());
+  }
+  result->frees_at_requests = free_at_requests_without_completions(&events);
+  if (result->frees_at_requests > 0) {
+    std::fprintf(stderr, "%s: warning: %s: no free_completed line; %llu free_requested replayed as frees\n",
+                 k_program, path.c_str(), static_cast<unsigned long long>(result->frees_at_requests));
   }
   add_allocations_before_recording(&events);
   return events;
+}
+
+// What load_for_replay found, into the result of the replay that followed.
+void keep_loading_figures(replay_result& loaded, replay_result* result) {
+  result->skipped_actions = std::move(loaded.skipped_actions);
+  result->frees_at_requests = loaded.frees_at_requests;
 }
 
 // Loads and replays `path` on a fresh device; *capacity_bytes becomes the
 // device's size (the GPU's with --backend cuda).
 replay_result replay_one(options opts, const std::string& path, const allocator_config& config,
                          std::size_t* capacity_bytes) {
-  std::vector<skipped_action> skipped;
-  std::vector<trace_file_event> events = load_for_replay(path, &skipped);
+  replay_result loaded;
+  std::vector<trace_file_event> events = load_for_replay(path, &loaded);
   const replay_device device = open_device(&opts, events);
   *capacity_bytes = opts.capacity_bytes;
   caching_allocator allocator(*device.backend, config);
   replay_result result = replay_trace(events, allocator, path);
-  result.skipped_actions = std::move(skipped);
+  keep_loading_figures(loaded, &result);
   return result;
 }
 
@@ -965,15 +985,15 @@ int main(int argc, char** argv) {
   }
 
   try {
-    std::vector<skipped_action> skipped;
-    std::vector<trace_file_event> events = load_for_replay(opts.trace, &skipped);
+    replay_result loaded;
+    std::vector<trace_file_event> events = load_for_replay(opts.trace, &loaded);
     const replay_device device = open_device(&opts, events);
     replay_result result;
     {
       caching_allocator allocator(*device.backend, config);
       result = replay_trace(events, allocator, opts.trace);
     }
-    result.skipped_actions = std::move(skipped);
+    keep_loading_figures(loaded, &result);
     std::unique_ptr<peak_anatomy> anatomy;
     if (opts.peak_anatomy) {
       anatomy = std::make_unique<peak_anatomy>(examine_reserved_peak(

@@ -108,6 +108,22 @@ bool only_zero_decimals(std::string_view rest) {
   return rest.find_first_not_of('0', 1) == std::string_view::npos;
 }
 
+enum class number_outcome { ok, out_of_range, malformed };
+
+// A trace's numbers: decimal digits, maybe written as a float with no
+// fraction, or hexadecimal after "0x" (how pointers and stream handles are
+// often printed).
+number_outcome parse_whole_number(std::string_view text, std::uint64_t* value) {
+  const bool hex = text.size() > 2 && text[0] == '0' && (text[1] == 'x' || text[1] == 'X');
+  const char* first = text.data() + (hex ? 2 : 0);
+  const char* last = text.data() + text.size();
+  const auto [end, ec] = std::from_chars(first, last, *value, hex ? 16 : 10);
+  if (ec == std::errc::result_out_of_range) return number_outcome::out_of_range;
+  if (ec != std::errc()) return number_outcome::malformed;
+  const std::string_view rest(end, static_cast<std::size_t>(last - end));
+  return (hex ? rest.empty() : only_zero_decimals(rest)) ? number_outcome::ok : number_outcome::malformed;
+}
+
 std::string_view trim(std::string_view text) {
   while (!text.empty() && std::isspace(static_cast<unsigned char>(text.front()))) text.remove_prefix(1);
   while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back()))) text.remove_suffix(1);
@@ -305,13 +321,15 @@ bool trace_reader::next(trace_file_event* out) {
   for (int i = 1; i < k_column_count; ++i) {
     const std::string_view text = fields[i];
     std::uint64_t value = 0;
-    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
-    if (ec == std::errc::result_out_of_range) {
-      fail(line_, std::string(k_column_names[i]) + " " + quoted(text) + " is out of range (largest is " +
-                      std::to_string(std::numeric_limits<std::uint64_t>::max()) + ")");
-    }
-    if (ec != std::errc() || !only_zero_decimals(std::string_view(end, text.data() + text.size() - end))) {
-      fail(line_, std::string(k_column_names[i]) + " " + quoted(text) + " is not an unsigned decimal number");
+    switch (parse_whole_number(text, &value)) {
+      case number_outcome::ok:
+        break;
+      case number_outcome::out_of_range:
+        fail(line_, std::string(k_column_names[i]) + " " + quoted(text) + " is out of range (largest is " +
+                        std::to_string(std::numeric_limits<std::uint64_t>::max()) + ")");
+      case number_outcome::malformed:
+        fail(line_, std::string(k_column_names[i]) + " " + quoted(text) +
+                        " is not an unsigned whole number (decimal, or hexadecimal after 0x)");
     }
     numbers[i - 1] = value;
   }

@@ -63,6 +63,9 @@ struct replay_result {
   // Lines of actions the trace format does not name, skipped by the reader
   // (trace_reader::skipped_actions); filled by the caller that read the file.
   std::vector<skipped_action> skipped_actions;
+  // free_requested events replayed as frees, in a trace without
+  // free_completed (free_at_requests_without_completions); filled likewise.
+  std::uint64_t frees_at_requests = 0;
 };
 
 // The allocator could not serve one of the trace's alloc events.

@@ -77,6 +77,23 @@ def test_read_trace_puts_blocks_freed_before_allocated_first(replay_torch, forei
     assert curve[0] == (4 * MiB, before)
 
 
+def test_read_trace_frees_at_requests_when_no_free_is_completed(replay_torch, tmp_path, capsys):
+    path = tmp_path / "requests.trace.csv"
+    path.write_text("action,addr,size,stream\nalloc,0x1000,512,0x7f00\nfree_requested,0x1000,512,0x7f00\n"
+                    "alloc,0x2000,1024,0x7f00\n")
+    events, _ = replay_torch.read_trace(str(path), replay_torch.REPLAYED)
+    assert events == [("alloc", 4096, 512, 0x7F00), ("free_completed", 4096, 512, 0x7F00),
+                      ("alloc", 8192, 1024, 0x7F00)]
+    assert "no free_completed line; 1 free_requested replayed as frees" in capsys.readouterr().err
+    assert replay_torch.trace_figures(events)[0] == 1024
+    # With a free_completed anywhere, requests are only requests.
+    path.write_text("action,addr,size,stream\nalloc,1,512,0\nfree_requested,1,512,0\nfree_completed,1,512,0\n"
+                    "alloc,2,1024,0\nfree_requested,2,1024,0\n")
+    events, _ = replay_torch.read_trace(str(path), replay_torch.REPLAYED)
+    assert events == [("alloc", 1, 512, 0), ("free_completed", 1, 512, 0), ("alloc", 2, 1024, 0)]
+    assert "free_requested replayed" not in capsys.readouterr().err
+
+
 def test_the_streamalloc_column_replays_on_the_simulated_device(tmp_path, foreign_trace):
     result, run = run_replay_torch(tmp_path, foreign_trace, "--modes", "", "--streamalloc-replay",
                                    str(replay_binary()), "--streamalloc-backend", "sim")

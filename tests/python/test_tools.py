@@ -198,6 +198,13 @@ def test_trace_csv_reads_columns_in_any_order_and_skips_unknown_actions(tmp_path
     floats = tmp_path / "floats.csv"
     floats.write_text("action,addr,size,stream\nalloc,4096.0,512.00,0.0\noom,,1024,0\n")
     assert trace_csv.read_events(str(floats), ("alloc",))[0] == [("alloc", 4096, 512, 0)]
+    hexadecimal = tmp_path / "hex.csv"
+    hexadecimal.write_text("action,addr,size,stream\nalloc,0x7F7500001000,0x200,0x55aa\n")
+    assert trace_csv.read_events(str(hexadecimal), ("alloc",))[0] == [("alloc", 0x7F7500001000, 512, 0x55AA)]
+    for bad_number in ("0x", "0x1g", "0x-1", "0x10.0"):
+        hexadecimal.write_text(f"action,addr,size,stream\nalloc,{bad_number},512,0\n")
+        with pytest.raises(trace_csv.TraceFormatError, match="must be numbers"):
+            trace_csv.read_events(str(hexadecimal), ("alloc",))
     floats.write_text("action,addr,size,stream\nalloc,4096,512.5,0\n")
     with pytest.raises(trace_csv.TraceFormatError, match="must be numbers"):
         trace_csv.read_events(str(floats), ("alloc",))

@@ -392,7 +392,7 @@ TEST_CASE("bad input: a trace line with bad columns", "[bad_input][trace]") {
   } cases[] = {
       {"alloc,4096,512\n", "too few columns"},
       {"alloc,4096,512,0,9\n", "too many columns"},
-      {"alloc,0x1000,512,0\n", "a hex address"},
+      {"alloc,0x1000g,512,0\n", "a hex address with a letter past f"},
       {"alloc,4096,-512,0\n", "a negative size"},
       {"alloc,4096,99999999999999999999999,0\n", "a size that overflows"},
       {"alloc,4096,512,\n", "an empty stream"},

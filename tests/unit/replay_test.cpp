@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "recording_start.hpp"
+#include "requested_frees.hpp"
 #include "streamalloc/backend/sim_backend.hpp"
 #include "streamalloc/core/caching_allocator.hpp"
 #include "streamalloc/core/config.hpp"
@@ -372,6 +373,40 @@ TEST_CASE("a trace recorded mid-run replays the blocks it frees unallocated as a
     caching_allocator fresh(backend, allocator_config{});
     REQUIRE_THROWS_WITH(replay_trace(twice, fresh, "t.csv"), "t.csv:3: free_completed of address 4096, which is not live");
   }
+}
+
+TEST_CASE("a trace without free_completed frees its blocks at their requests", "[replay]") {
+  std::vector<trace_file_event> only_requests = {
+      event(trace_file_action::alloc, 4096, 1000000, 2),
+      event(trace_file_action::free_requested, 4096, 1000000, 3),
+      event(trace_file_action::alloc, 8192, 1000000, 4),
+      event(trace_file_action::free_requested, 8192, 1000000, 5),
+      event(trace_file_action::alloc, 4096, 512, 6),
+  };
+  CHECK(free_at_requests_without_completions(&only_requests) == 2);
+  CHECK(only_requests[1].action == trace_file_action::free_completed);
+  CHECK(only_requests[3].action == trace_file_action::free_completed);
+  CHECK(only_requests[4].action == trace_file_action::alloc);
+  sim_backend backend(sim_device(1_GiB));
+  caching_allocator allocator(backend, allocator_config{});
+  const replay_result result = replay_trace(only_requests, allocator, "requests");
+  CHECK(result.frees == 2);
+  CHECK(result.trace_peak_live_bytes == 1000000);
+
+  // One free_completed anywhere: the requests stay requests (their blocks
+  // may wait for other streams).
+  std::vector<trace_file_event> mixed = {
+      event(trace_file_action::alloc, 4096, 512, 2),
+      event(trace_file_action::free_requested, 4096, 512, 3),
+      event(trace_file_action::alloc, 8192, 512, 4),
+      event(trace_file_action::free_requested, 8192, 512, 5),
+      event(trace_file_action::free_completed, 8192, 512, 6),
+  };
+  const std::vector<trace_file_event> before = mixed;
+  CHECK(free_at_requests_without_completions(&mixed) == 0);
+  for (std::size_t i = 0; i < mixed.size(); ++i) CHECK(mixed[i].action == before[i].action);
+  std::vector<trace_file_event> no_frees = {event(trace_file_action::alloc, 4096, 512, 2)};
+  CHECK(free_at_requests_without_completions(&no_frees) == 0);
 }
 
 TEST_CASE("a trace recorded from the start gives native no memory from before it", "[replay]") {
@@ -735,6 +770,28 @@ TEST_CASE("streamalloc-replay skips unknown actions with a warning and rejects e
           std::string::npos);
     CHECK(json_value(run_replay("--json --peak-anatomy " + quote(early_peak)).output, "before_recording") == "true");
   }
+  SECTION("frees recorded only as requests, in hexadecimal") {
+    const std::string requests = dir.write("requests.csv", "action,addr,size,stream\nalloc,0x1000,2097152,0x7f00\n"
+                                                           "free_requested,0x1000,2097152,0x7f00\n"
+                                                           "alloc,0x2000,2097152,0x7f00\n");
+    const command_result run = run_replay(quote(requests));
+    INFO(run.output);
+    CHECK(run.exit_code == 0);
+    CHECK(run.output.find("streamalloc-replay: warning: " + requests +
+                          ": no free_completed line; 1 free_requested replayed as frees") != std::string::npos);
+    CHECK(run.output.find("frees     at free_requested (the trace has no free_completed line): 1") !=
+          std::string::npos);
+    const command_result json = run_replay("--json " + quote(requests));
+    CHECK(json_value(json.output, "frees_at_requests") == "1");
+    CHECK(json_value(json.output, "peak_allocated_bytes") == "2097152");
+    // With both kinds of free, a request is not a free: 8192 stays live.
+    const std::string both = dir.write("both.csv", "action,addr,size,stream\nalloc,4096,512,0\n"
+                                                   "free_requested,4096,512,0\nfree_completed,4096,512,0\n"
+                                                   "alloc,8192,512,0\nfree_requested,8192,512,0\n");
+    const command_result both_json = run_replay("--json " + quote(both));
+    CHECK(json_value(both_json.output, "frees_at_requests") == "0");
+    CHECK(json_value(both_json.output, "live_at_end") == "1");
+  }
   SECTION("segment events only") {
     const std::string segments = dir.write("segments.csv", "action,addr,size,stream\nsegment_alloc,4096,2097152,0\n");
     const command_result run = run_replay("--json " + quote(segments));
@@ -807,7 +864,7 @@ TEST_CASE("streamalloc-replay --all replays every trace in a folder", "[replay][
     CHECK(run.exit_code == 1);
     CHECK(run.output.find("c_bad") != std::string::npos);
     CHECK(run.output.find("FAILED: ") != std::string::npos);
-    CHECK(run.output.find(":3: addr '1x' is not an unsigned decimal number") != std::string::npos);
+    CHECK(run.output.find(":3: addr '1x' is not an unsigned whole number") != std::string::npos);
     CHECK(run.output.find("over 2 traces replayed") != std::string::npos);
     CHECK(run.output.find("1 of 3 traces could not be replayed") != std::string::npos);
     const command_result json = run_replay("--json --all " + folder);

@@ -149,15 +149,19 @@ TEST_CASE("trace_reader names the file and line of each malformed line", "[trace
       {"alloc,,2,0", "empty addr field"},
       {"alloc,1,,0", "empty size field"},
       {"alloc,1,2,", "empty stream field"},
-      {"alloc,1x,2,0", "addr '1x' is not an unsigned decimal number"},
-      {"alloc,1,-2,0", "size '-2' is not an unsigned decimal number"},
-      {"alloc,1,+2,0", "size '+2' is not an unsigned decimal number"},
-      {"alloc, 1,2,0", "addr ' 1' is not an unsigned decimal number"},
-      {"alloc,1,2.5,0", "size '2.5' is not an unsigned decimal number"},
-      {"alloc,1,2.,0", "size '2.' is not an unsigned decimal number"},
-      {"alloc,1,2.0x,0", "size '2.0x' is not an unsigned decimal number"},
-      {"alloc,1,2e3,0", "size '2e3' is not an unsigned decimal number"},
-      {"alloc,1,2,0x10", "stream '0x10' is not an unsigned decimal number"},
+      {"alloc,1x,2,0", "addr '1x' is not an unsigned whole number"},
+      {"alloc,1,-2,0", "size '-2' is not an unsigned whole number"},
+      {"alloc,1,+2,0", "size '+2' is not an unsigned whole number"},
+      {"alloc, 1,2,0", "addr ' 1' is not an unsigned whole number"},
+      {"alloc,1,2.5,0", "size '2.5' is not an unsigned whole number"},
+      {"alloc,1,2.,0", "size '2.' is not an unsigned whole number"},
+      {"alloc,1,2.0x,0", "size '2.0x' is not an unsigned whole number"},
+      {"alloc,1,2e3,0", "size '2e3' is not an unsigned whole number"},
+      {"alloc,1,2,0x", "stream '0x' is not an unsigned whole number"},
+      {"alloc,0x1g,2,0", "addr '0x1g' is not an unsigned whole number"},
+      {"alloc,0x10.0,2,0", "addr '0x10.0' is not an unsigned whole number"},
+      {"alloc,0x-1,2,0", "addr '0x-1' is not an unsigned whole number"},
+      {"alloc,0x10000000000000000,2,0", "addr '0x10000000000000000' is out of range"},
       {"alloc,18446744073709551616,2,0", "addr '18446744073709551616' is out of range"},
       {"alloc,1,99999999999999999999999,0", "size '99999999999999999999999' is out of range"},
       {"alloc,\"1,2,0", "a quoted field without its closing quote"},
@@ -311,6 +315,20 @@ TEST_CASE("trace_reader reads whole numbers written as floats", "[trace_reader]"
   CHECK(events[0].size == 37632);
   CHECK(events[0].stream == 0);
   CHECK(events[1].addr == 140139680497664ULL);
+}
+
+TEST_CASE("trace_reader reads hexadecimal numbers after 0x", "[trace_reader]") {
+  // Pointers and stream handles are often printed in hexadecimal.
+  temp_dir dir;
+  const std::string path = dir.write("hex.csv", k_header + "alloc,0x7F7500000000,0x200,0x55aa01\n"
+                                                           "free_completed,0x7f7500000000,512,5614081\n");
+  const std::vector<trace_file_event> events = load_trace(path);
+  REQUIRE(events.size() == 2);
+  CHECK(events[0].addr == 0x7f7500000000ULL);
+  CHECK(events[0].size == 512);
+  CHECK(events[0].stream == 0x55aa01);
+  CHECK(events[1].addr == events[0].addr);
+  CHECK(events[1].stream == events[0].stream);
 }
 
 TEST_CASE("trace_reader skips and tallies lines of actions the format does not name", "[trace_reader]") {
