@@ -49,7 +49,7 @@ struct options {
   std::vector<std::string> allocators;  // empty: every one the device has
   std::vector<std::string> patterns = {"same", "mixed", "threads", "cross"};
   std::vector<std::size_t> sizes = {256, 64_KiB, 4_MiB, 64_MiB};
-  std::vector<std::size_t> cross_sizes = {64_KiB, 4_MiB};
+  std::vector<std::size_t> cross_sizes = {256, 64_KiB, 4_MiB, 64_MiB};  // the same-size sizes
   std::vector<int> threads = {8, 16};
   bool threads_given = false;
   std::string thread_streams = "own";
@@ -90,7 +90,7 @@ void print_help() {
       "  --allocators LIST     comma-separated allocator names\n"
       "  --patterns LIST       comma-separated pattern names\n"
       "  --sizes LIST          same-size pattern sizes (default 256,64KiB,4MiB,64MiB)\n"
-      "  --cross-sizes LIST    cross-stream sizes (default 64KiB,4MiB)\n"
+      "  --cross-sizes LIST    cross-stream sizes (default 256,64KiB,4MiB,64MiB)\n"
       "  --threads LIST        thread counts (default 8,16)\n"
       "  --thread-streams own|shared   a stream per thread (default) or one for all\n"
       "  --reps N              timed repetitions (default 15)\n"
