@@ -91,8 +91,9 @@ void print_help() {
       "\n"
       "options:\n"
       "  --all DIR         replay every *.trace.csv and *.trace.csv.gz in DIR (not\n"
-      "                    its subfolders), each on a fresh device, and print one\n"
-      "                    table with the median and worst ratio\n"
+      "                    its subfolders), and each other *.csv and *.csv.gz whose\n"
+      "                    header is a trace's, each on a fresh device, and print\n"
+      "                    one table with the median and worst ratio\n"
       "  --backend NAME    device to replay on: sim (default, a simulated device)\n"
       "                    or cuda (CUDA device 0 through streamalloc's CUDA\n"
       "                    backend; trace streams become created streams, 0 the\n"
@@ -720,9 +721,14 @@ replay_result replay_one(options opts, const std::string& path, const allocator_
 }
 
 constexpr const char* k_trace_suffixes[] = {".trace.csv.gz", ".trace.csv"};
+// Files that may hold a trace under another name: replayed when their
+// header is a trace's.
+constexpr const char* k_csv_suffixes[] = {".csv.gz", ".csv"};
 
-std::string trace_name(const std::string& file_name) {
-  for (const char* suffix : k_trace_suffixes) {
+// `file_name` less the first of `suffixes` it ends in; empty if none.
+template <std::size_t n>
+std::string name_less_suffix(const std::string& file_name, const char* const (&suffixes)[n]) {
+  for (const char* suffix : suffixes) {
     const std::size_t length = std::strlen(suffix);
     if (file_name.size() > length && file_name.compare(file_name.size() - length, length, suffix) == 0) {
       return file_name.substr(0, file_name.size() - length);
@@ -731,8 +737,10 @@ std::string trace_name(const std::string& file_name) {
   return std::string();
 }
 
-// Every trace file directly in `dir`, sorted by name. Throws
-// std::runtime_error (with the system's reason) when `dir` cannot be read.
+// Every trace file directly in `dir`, sorted by name: each *.trace.csv and
+// *.trace.csv.gz, and each other *.csv or *.csv.gz whose header is a
+// trace's (a warning names the others). Throws std::runtime_error (with the
+// system's reason) when `dir` cannot be read.
 std::vector<trace_outcome> find_traces(const std::string& dir) {
   namespace fs = std::filesystem;
   std::error_code error;
@@ -742,13 +750,24 @@ std::vector<trace_outcome> find_traces(const std::string& dir) {
   for (; it != fs::directory_iterator(); it.increment(error)) {
     if (error) throw std::runtime_error("--all " + dir + ": " + error.message());
     const std::string file_name = it->path().filename().string();
-    const std::string name = trace_name(file_name);
+    std::string name = name_less_suffix(file_name, k_trace_suffixes);
+    const bool named_trace = !name.empty();
+    if (!named_trace) name = name_less_suffix(file_name, k_csv_suffixes);
     if (name.empty()) continue;
     std::error_code type_error;
     if (it->is_directory(type_error)) continue;
     trace_outcome trace;
     trace.path = it->path().string();
     trace.name = name;
+    if (!named_trace) {
+      try {
+        trace_reader header_only(trace.path);
+      } catch (const trace_error& e) {
+        std::fprintf(stderr, "%s: warning: --all %s: not replayed, not a trace: %s\n", k_program, dir.c_str(),
+                     e.what());
+        continue;
+      }
+    }
     traces.push_back(std::move(trace));
   }
   if (error) throw std::runtime_error("--all " + dir + ": " + error.message());
@@ -917,7 +936,7 @@ int replay_all(const options& opts, const allocator_config& config) {
     return fail(k_exit_failure, e.what());
   }
   if (traces.empty()) {
-    return fail(k_exit_failure, "--all " + opts.all_dir + ": no *.trace.csv or *.trace.csv.gz files in the folder");
+    return fail(k_exit_failure, "--all " + opts.all_dir + ": no trace files (*.csv or *.csv.gz) in the folder");
   }
   options shown = opts;  // with --backend cuda, the GPU's size in the heading
   for (trace_outcome& t : traces) {

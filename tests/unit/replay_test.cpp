@@ -823,7 +823,12 @@ TEST_CASE("streamalloc-replay --all replays every trace in a folder", "[replay][
     CHECK(b != std::string::npos);
     CHECK(a < b);  // sorted by name
     CHECK(run.output.find("notes") == std::string::npos);
-    CHECK(run.output.find("other") == std::string::npos);
+    // A CSV file under another name is looked at, and left out when its
+    // header is not a trace's, with a warning.
+    CHECK(run.output.find("\nother ") == std::string::npos);
+    CHECK(run.output.find("streamalloc-replay: warning: --all " + dir.path().string() +
+                          ": not replayed, not a trace: " + (dir.path() / "other.csv").string() +
+                          ":1: expected header") != std::string::npos);
     CHECK(run.output.find("nested") == std::string::npos);
     CHECK(run.output.find("median ratio ") != std::string::npos);
     CHECK(run.output.find("(native ") != std::string::npos);  // one trace has native figures
@@ -841,6 +846,16 @@ TEST_CASE("streamalloc-replay --all replays every trace in a folder", "[replay][
     CHECK(json_value(run.output, "worst_trace").front() == '"');
     CHECK(run.output.find("\"name\": \"a_bare\"") != std::string::npos);
     CHECK(run.output.find("\"name\": \"b_small\"") != std::string::npos);
+  }
+  SECTION("a trace in a file named *.csv or *.csv.gz is replayed too") {
+    dir.write_gzip("c_plain.csv.gz", bare);
+    dir.write("d_plain.csv", k_small_trace);
+    const command_result run = run_replay("--all " + folder);
+    INFO(run.output);
+    REQUIRE(run.exit_code == 0);
+    CHECK(run.output.find(": 4 traces") != std::string::npos);
+    CHECK(run.output.find("\nc_plain ") != std::string::npos);
+    CHECK(run.output.find("\nd_plain ") != std::string::npos);
   }
   SECTION("a trace recorded mid-run: named, its native figures marked as lower bounds") {
     dir.write("c_mid_run.trace.csv", "action,addr,size,stream\nsegment_free,4096,20971520,0\n"
@@ -875,7 +890,7 @@ TEST_CASE("streamalloc-replay --all replays every trace in a folder", "[replay][
     const temp_dir empty;
     const command_result none = run_replay("--all " + quote(empty.path().string()));
     CHECK(none.exit_code == 1);
-    CHECK(none.output.find("no *.trace.csv or *.trace.csv.gz files") != std::string::npos);
+    CHECK(none.output.find("no trace files (*.csv or *.csv.gz) in the folder") != std::string::npos);
     const command_result missing = run_replay("--all " + quote((dir.path() / "missing").string()));
     CHECK(missing.exit_code == 1);
     CHECK(missing.output.find("No such file or directory") != std::string::npos);
