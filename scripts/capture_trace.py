@@ -29,6 +29,7 @@ import os
 import pickle
 import runpy
 import sys
+import traceback
 
 import _streamalloc_version  # the checkout's version (CMakeLists.txt)
 import trace_csv
@@ -128,6 +129,9 @@ def run_program(argv, max_entries):
         runpy.run_path(program, run_name="__main__")
     except SystemExit as stop:
         status = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
+    except Exception:  # noqa: BLE001  (a program that fails, out of memory say, still leaves its trace)
+        traceback.print_exc()
+        status = 1
     finally:
         sys.argv = saved_argv
         sys.path[0] = saved_path0
@@ -135,7 +139,7 @@ def run_program(argv, max_entries):
     snapshot = torch.cuda.memory._snapshot()
     torch.cuda.memory._record_memory_history(enabled=None)
     if status != 0:
-        print(f"capture_trace: {program} exited with status {status}; writing the trace so far", file=sys.stderr)
+        print(f"capture_trace: {program} ended with status {status}; writing the trace so far", file=sys.stderr)
     return snapshot, status
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gzip
 import importlib.util
+import os
 import pickle
 import re
 import shutil
@@ -150,6 +151,52 @@ def test_capture_trace_writes_the_blocks_live_before_recording_began(tmp_path):
     # 4096 and 8192 live from the start, then 12288 too: 4,608 B; native
     # held them and the 2 MiB segment it freed.
     assert "peak live 4,608 B, native peak reserved 2,101,760 B" in run.stderr
+
+
+# A stand-in for the torch calls capture_trace.py makes, so that its way of
+# running a program is checked without a GPU: the program's allocations
+# (stand_in_alloc) become the recorded trace.
+STAND_IN_TORCH = """
+_entries = []
+_recording = [False]
+
+def stand_in_alloc(addr, size):
+    if _recording[0]:
+        _entries.append({"action": "alloc", "addr": addr, "size": size, "stream": 0})
+
+class _memory:
+    @staticmethod
+    def _record_memory_history(enabled=None, **kwargs):
+        _recording[0] = enabled is not None
+    @staticmethod
+    def _snapshot():
+        return {"segments": [], "device_traces": [list(_entries)]}
+
+class cuda:
+    memory = _memory
+    is_available = staticmethod(lambda: True)
+    get_allocator_backend = staticmethod(lambda: "native")
+    synchronize = staticmethod(lambda: None)
+    current_device = staticmethod(lambda: 0)
+"""
+
+
+@pytest.mark.parametrize("ending, status", [("raise MemoryError('out of memory')", 1), ("sys.exit(3)", 3),
+                                            ("pass", 0)])
+def test_capture_trace_writes_the_trace_of_a_program_that_fails(tmp_path, ending, status):
+    (tmp_path / "torch.py").write_text(STAND_IN_TORCH)
+    program = tmp_path / "prog.py"
+    program.write_text(f"import sys\nimport torch\ntorch.stand_in_alloc(4096, 512)\n{ending}\n")
+    out = tmp_path / "t.trace.csv"
+    env = dict(os.environ, PYTHONPATH=str(tmp_path))
+    run = subprocess.run([sys.executable, str(REPO / "scripts" / "capture_trace.py"), "-o", str(out), "--",
+                          str(program)], capture_output=True, text=True, env=env)
+    assert run.returncode == status, run.stderr
+    assert out.read_text().splitlines() == ["action,addr,size,stream", "alloc,4096,512,0"]
+    if status:
+        assert f"ended with status {status}; writing the trace so far" in run.stderr
+    if ending.startswith("raise"):
+        assert "MemoryError: out of memory" in run.stderr
 
 
 def load_script(folder, name):
