@@ -8,7 +8,9 @@ streamalloc-replay and bench/replay_torch.py.
         torch.cuda.memory._record_memory_history(enabled="all", context=None)
         (torch's native allocator must be in use: leave
         PYTORCH_CUDA_ALLOC_CONF's backend alone) and writes
-        torch.cuda.memory._snapshot()["device_traces"][device]
+        torch.cuda.memory._snapshot()["device_traces"][device]; a program
+        that exits non-zero or raises (out of memory, say) still leaves the
+        trace recorded until then, and its status is this tool's
     python scripts/capture_trace.py -o out.trace.csv.gz --from-pickle snap.pickle
         converts a pickle written by torch.cuda.memory._dump_snapshot
 
