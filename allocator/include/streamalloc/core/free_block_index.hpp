@@ -335,9 +335,8 @@ void free_block_index::for_each_best_fit(std::size_t bytes, stream_handle skip, 
       t = next_stream(t);
       return nullptr;
     }
-    const auto it = tree_.lower_bound(tree_entry{stream, bytes, 0, nullptr});
     t = next_stream(t);
-    return it != tree_.end() && it->stream == stream ? it->b : nullptr;
+    return best_in_tree(stream, bytes);
   };
   const auto tree_streams_before = [&](stream_handle limit, bool all) {
     while (t != tree_.end() && (all || t->stream < limit)) {
