@@ -3,10 +3,13 @@ each allocator, checked against a stand-in `torch` package (no torch or
 GPU needed): a test file newer than the installed torch imports names it
 lacks, also in the children it spawns."""
 
+import importlib.util
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 RUN = REPO / "scripts" / "torch-suite" / "run.sh"
@@ -93,3 +96,29 @@ def test_an_unknown_mode_or_a_missing_file_is_refused(tmp_path):
     assert bad_mode.returncode == 2 and "MODE must be native, streamalloc or streamalloc_plain" in bad_mode.stderr
     missing = run_suite(tmp_path, "native", str(tmp_path / "absent.py"), str(tmp_path / "out"))
     assert missing.returncode == 2 and "no test file" in missing.stderr
+
+
+def load_expecttest_stand_in():
+    spec = importlib.util.spec_from_file_location("expecttest_stand_in", RUN.parent / "fallback" / "expecttest.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_expecttest_stand_in_compares_inline_expectations():
+    case = load_expecttest_stand_in().TestCase()
+    case.assertExpectedInline("x:  T0\ny:  T1", "x:  T0\ny:  T1")
+    case.assertExpectedInline("bad size\nException raised from f at a.cpp:1", "bad size")
+    for actual, expect in (("x:  T0\ny:  T2", "x:  T0\ny:  T1"), ("x:  T0", "x:  T0\n"),
+                           ("bad size, and more", "bad size")):
+        with pytest.raises(AssertionError):
+            case.assertExpectedInline(actual, expect)
+
+    def raises():
+        raise ValueError("bad size")
+
+    case.assertExpectedRaisesInline(ValueError, raises, "bad size")
+    with pytest.raises(AssertionError):
+        case.assertExpectedRaisesInline(ValueError, raises, "good size")
+    with pytest.raises(AssertionError):
+        case.assertExpectedRaisesInline(ValueError, lambda: None, "bad size")
