@@ -12,6 +12,8 @@
 # SUITE_TIMEOUT ran out). Names the test file imports from
 # torch.testing._internal that the installed torch lacks get stand-ins
 # (listed at the end of the log), and expecttest gets one when missing.
+# compare.py, beside this file, lists the tests whose outcomes differ
+# between two modes' logs.
 #
 # Environment: PYTHON (default python3), SUITE_TIMEOUT (seconds, default
 # 600), STREAMALLOC_PACKAGE_DIR (where `import streamalloc` is found;

@@ -122,3 +122,58 @@ def test_the_expecttest_stand_in_compares_inline_expectations():
         case.assertExpectedRaisesInline(ValueError, raises, "good size")
     with pytest.raises(AssertionError):
         case.assertExpectedRaisesInline(ValueError, lambda: None, "bad size")
+
+
+NATIVE_LOG = """\
+torch-suite: mode native, torch 2.11.0
+test_x.py::TestA::test_same PASSED                                       [ 20%]
+test_x.py::TestA::test_flips PASSED                                      [ 40%]
+test_x.py::TestA::test_skip SKIPPED (needs two GPUs)                     [ 60%]
+test_x.py::TestA::test_param[a b] FAILED                                 [ 80%]
+test_x.py::TestA::test_teardown PASSED                                   [100%]
+test_x.py::TestA::test_teardown ERROR                                    [100%]
+FAILED test_x.py::TestA::test_param[a b] - AssertionError: 1 != 2
+"""
+STREAMALLOC_LOG = """\
+torch-suite: mode streamalloc, torch 2.11.0
+test_x.py::TestA::test_same PASSED                                       [ 17%]
+test_x.py::TestA::test_flips FAILED                                      [ 33%]
+test_x.py::TestA::test_skip SKIPPED (needs two GPUs)                     [ 50%]
+test_x.py::TestA::test_param[a b] FAILED                                 [ 67%]
+test_x.py::TestA::test_teardown PASSED                                   [ 83%]
+test_x.py::TestA::test_new PASSED                                        [100%]
+"""
+
+
+def run_compare(*paths):
+    return subprocess.run([sys.executable, str(RUN.parent / "compare.py"), *map(str, paths)],
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_compare_lists_the_tests_whose_outcomes_differ(tmp_path):
+    native, streamalloc = tmp_path / "native.log", tmp_path / "streamalloc.log"
+    native.write_text(NATIVE_LOG)
+    streamalloc.write_text(STREAMALLOC_LOG)
+    result = run_compare(native, streamalloc)
+    assert result.returncode == 1, result.stdout + result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0] == f"{native}: 2 passed, 1 failed, 1 error, 1 skipped (5 tests)"
+    assert lines[1] == f"{streamalloc}: 3 passed, 2 failed, 1 skipped (6 tests)"
+    assert lines[2:] == [
+        "differs: test_x.py::TestA::test_flips: PASSED / FAILED",
+        "differs: test_x.py::TestA::test_new: not run / PASSED",
+        "differs: test_x.py::TestA::test_teardown: ERROR / PASSED",
+        "3 of 6 tests differ",
+    ]
+    same = run_compare(native, native)
+    assert same.returncode == 0 and same.stdout.splitlines()[-1] == "every outcome the same"
+
+
+def test_compare_refuses_a_log_without_outcomes(tmp_path):
+    native, empty = tmp_path / "native.log", tmp_path / "empty.log"
+    native.write_text(NATIVE_LOG)
+    empty.write_text("torch-suite: stopped after 600 s (SUITE_TIMEOUT)\n")
+    result = run_compare(native, empty)
+    assert result.returncode == 2 and "no test outcomes in" in result.stderr
+    missing = run_compare(native, tmp_path / "absent.log")
+    assert missing.returncode == 2 and "cannot read" in missing.stderr
