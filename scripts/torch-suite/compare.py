@@ -16,8 +16,10 @@ from collections import Counter
 
 OUTCOMES = ("PASSED", "FAILED", "ERROR", "SKIPPED", "XFAIL", "XPASS")
 # pytest -v: "file.py::Class::test[param] OUTCOME" then a reason in
-# parentheses and/or the progress "[ 42%]".
-OUTCOME_LINE = re.compile(r"^(\S.*?::\S.*?) (" + "|".join(OUTCOMES) + r")(?= |$)")
+# parentheses and/or the progress "[ 42%]"; not a summary line, which
+# starts with its outcome ("FAILED file.py::test - message").
+OUTCOME_NAMES = "|".join(OUTCOMES)
+OUTCOME_LINE = re.compile(rf"^(?!(?:{OUTCOME_NAMES}) )(\S.*?::\S.*?) ({OUTCOME_NAMES})(?= |$)")
 
 
 def read_outcomes(path):
@@ -37,7 +39,8 @@ def read_outcomes(path):
 
 def counts_line(name, outcomes):
     counts = Counter(outcomes.values())
-    return f"{name}: " + ", ".join(f"{counts[o]} {o.lower()}" for o in OUTCOMES if counts[o]) + f" ({len(outcomes)} tests)"
+    listed = ", ".join(f"{counts[o]} {o.lower()}" for o in OUTCOMES if counts[o])
+    return f"{name}: {listed} ({len(outcomes)} tests)"
 
 
 def main(argv):

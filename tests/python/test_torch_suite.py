@@ -132,7 +132,7 @@ test_x.py::TestA::test_skip SKIPPED (needs two GPUs)                     [ 60%]
 test_x.py::TestA::test_param[a b] FAILED                                 [ 80%]
 test_x.py::TestA::test_teardown PASSED                                   [100%]
 test_x.py::TestA::test_teardown ERROR                                    [100%]
-FAILED test_x.py::TestA::test_param[a b] - AssertionError: 1 != 2
+FAILED test_x.py::TestA::test_param[a b] - AssertionError: an ERROR line
 """
 STREAMALLOC_LOG = """\
 torch-suite: mode streamalloc, torch 2.11.0
