@@ -34,11 +34,13 @@ FAKE_TORCH = {
     """,
 }
 
-# Imports three names common_utils lacks and a module torch lacks; a spawned
-# child unpickles `child`, so it imports this module too.
+# Imports four names common_utils lacks and a module torch lacks; a spawned
+# child unpickles `child`, so it imports this module too. A missing
+# decorator factory skips the test it decorates, not the module.
 TEST_FILE = """
     import multiprocessing
-    from torch.testing._internal.common_utils import TestCase, TEST_NEWER, newer_helper, skipIfNewer
+    from torch.testing._internal.common_utils import (TestCase, TEST_NEWER, newer_helper, skipIfNewer,
+                                                       newer_library_context)
     from torch.testing._internal.common_newer import TEST_NEWER_MODULE
 
     def child(queue):
@@ -57,6 +59,10 @@ TEST_FILE = """
 
         def test_a_missing_helper_skips(self):
             newer_helper()
+
+        @newer_library_context("cublas")
+        def test_a_missing_decorator_factory_skips(self):
+            raise AssertionError("a test under a missing decorator factory ran")
 """
 
 
@@ -81,10 +87,12 @@ def test_a_newer_test_file_runs_with_stand_ins_in_every_process(tmp_path):
     result = run_suite(tmp_path, "native", str(test_file), str(out))
     log = (out / "native.log").read_text()
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "1 passed, 1 skipped" in log, log
+    assert "1 passed, 2 skipped" in log, log
+    assert "test_a_missing_decorator_factory_skips SKIPPED" in log, log
     assert "newer_helper is missing from this torch's torch.testing._internal" in log, log
     stand_ins = next(line for line in log.splitlines() if line.startswith("torch-suite: stand-ins:"))
     for expected in ("common_utils.TEST_NEWER (flag)", "common_utils.newer_helper (raises SkipTest)",
+                     "common_utils.newer_library_context (raises SkipTest)",
                      "common_utils.skipIfNewer (identity decorator)", "common_newer.<module> (empty module)",
                      "common_newer.TEST_NEWER_MODULE (flag)"):
         assert expected in stand_ins, stand_ins
