@@ -16,7 +16,7 @@ torch_suite_standins.patch_missing(os.environ["STREAMALLOC_SUITE_TEST_FILE"])
 
 
 def pytest_configure(config):
-    if MODE == "native":
+    if MODE in ("native", "native_expandable"):
         return
     import streamalloc
 
@@ -28,7 +28,8 @@ def pytest_report_header(config):
     import torch
 
     return (f"torch-suite: mode {MODE}, torch {torch.__version__}, CUDA {torch.version.cuda}, "
-            f"allocator backend {torch.cuda.memory.get_allocator_backend()}")
+            f"allocator backend {torch.cuda.memory.get_allocator_backend()}, "
+            f"PYTORCH_CUDA_ALLOC_CONF={os.environ.get('PYTORCH_CUDA_ALLOC_CONF', '(unset)')}")
 
 
 def pytest_terminal_summary(terminalreporter):

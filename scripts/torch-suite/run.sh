@@ -5,8 +5,15 @@
 #
 #   scripts/torch-suite/run.sh MODE TEST_FILE OUT_DIR [pytest args...]
 #
-# MODE: native, streamalloc (defaults) or streamalloc_plain
-# (expandable_segments=False). The file is copied to OUT_DIR/MODE/ beside
+# MODE: native, native_expandable (torch's allocator with
+# expandable_segments:True), streamalloc (its defaults, which use expandable
+# segments) or streamalloc_plain (expandable_segments=False). PyTorch's test
+# utilities read PYTORCH_CUDA_ALLOC_CONF to know whether the allocator uses
+# expandable segments (newer test files check in every tearDown that the
+# snapshot's settings say the same), so native_expandable and streamalloc
+# run with it set to expandable_segments:True unless the caller set it:
+# compare streamalloc with native_expandable, streamalloc_plain with
+# native. The file is copied to OUT_DIR/MODE/ beside
 # this folder's conftest.py, so the repository's pytest settings do not
 # apply; the log is OUT_DIR/MODE.log; the exit status is pytest's (124 when
 # SUITE_TIMEOUT ran out). Names the test file imports from
@@ -28,8 +35,9 @@ fi
 mode=$1 test_file=$2 out_dir=$3
 shift 3
 case $mode in
-  native | streamalloc | streamalloc_plain) ;;
-  *) echo "torch-suite: MODE must be native, streamalloc or streamalloc_plain, not '$mode'" >&2; exit 2 ;;
+  native | streamalloc_plain) ;;
+  native_expandable | streamalloc) export PYTORCH_CUDA_ALLOC_CONF="${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}" ;;
+  *) echo "torch-suite: MODE must be native, native_expandable, streamalloc or streamalloc_plain, not '$mode'" >&2; exit 2 ;;
 esac
 [[ -f $test_file ]] || { echo "torch-suite: no test file '$test_file'" >&2; exit 2; }
 

@@ -4,6 +4,7 @@ GPU needed): a test file newer than the installed torch imports names it
 lacks, also in the children it spawns."""
 
 import importlib.util
+import json
 import subprocess
 import sys
 import textwrap
@@ -73,9 +74,9 @@ def make_tree(root, files):
         path.write_text(textwrap.dedent(text))
 
 
-def run_suite(tmp_path, *args):
+def run_suite(tmp_path, *args, env=None):
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(tmp_path / "fake"), "PYTHON": sys.executable,
-           "SUITE_TIMEOUT": "300"}
+           "SUITE_TIMEOUT": "300", "STREAMALLOC_PACKAGE_DIR": str(tmp_path / "fake"), **(env or {})}
     return subprocess.run([str(RUN), *args], capture_output=True, text=True, env=env, timeout=360)
 
 
@@ -99,9 +100,51 @@ def test_a_newer_test_file_runs_with_stand_ins_in_every_process(tmp_path):
     assert "torch-suite: mode native, torch 0.0+stand-in" in log, log
 
 
+FAKE_STREAMALLOC = {
+    "streamalloc/__init__.py": """
+        installed_with = None
+        def install(**kwargs):
+            global installed_with
+            installed_with = kwargs
+        def is_installed():
+            return installed_with is not None
+    """,
+}
+
+# Writes what its process saw: the variable and how streamalloc was installed.
+MODE_REPORT_FILE = """
+    import json, os
+    import streamalloc
+    from torch.testing._internal.common_utils import TestCase
+
+    class TestMode(TestCase):
+        def test_report(self):
+            with open(os.environ["MODE_REPORT"], "w") as f:
+                json.dump({"conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
+                           "installed_with": streamalloc.installed_with}, f)
+"""
+
+
+@pytest.mark.parametrize("mode, conf, installed_with", [
+    ("native", None, None),
+    ("native_expandable", "expandable_segments:True", None),
+    ("streamalloc", "expandable_segments:True", {}),
+    ("streamalloc_plain", None, {"expandable_segments": False}),
+])
+def test_each_mode_tells_torch_whether_its_allocator_expands(tmp_path, mode, conf, installed_with):
+    make_tree(tmp_path / "fake", {**FAKE_TORCH, **FAKE_STREAMALLOC})
+    test_file = tmp_path / "test_mode.py"
+    test_file.write_text(textwrap.dedent(MODE_REPORT_FILE))
+    report = tmp_path / "report.json"
+    result = run_suite(tmp_path, mode, str(test_file), str(tmp_path / "out"), env={"MODE_REPORT": str(report)})
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert json.loads(report.read_text()) == {"conf": conf, "installed_with": installed_with}
+    assert f"PYTORCH_CUDA_ALLOC_CONF={conf or '(unset)'}" in (tmp_path / "out" / f"{mode}.log").read_text()
+
+
 def test_an_unknown_mode_or_a_missing_file_is_refused(tmp_path):
     bad_mode = run_suite(tmp_path, "cudaMallocAsync", str(tmp_path / "x.py"), str(tmp_path / "out"))
-    assert bad_mode.returncode == 2 and "MODE must be native, streamalloc or streamalloc_plain" in bad_mode.stderr
+    assert bad_mode.returncode == 2 and "MODE must be native, native_expandable, streamalloc or" in bad_mode.stderr
     missing = run_suite(tmp_path, "native", str(tmp_path / "absent.py"), str(tmp_path / "out"))
     assert missing.returncode == 2 and "no test file" in missing.stderr
 

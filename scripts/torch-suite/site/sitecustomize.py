@@ -2,8 +2,9 @@
 puts this folder first on PYTHONPATH, and spawned children inherit it).
 
 STREAMALLOC_SUITE_MODE: "streamalloc" installs streamalloc with its
-defaults, "streamalloc_plain" with expandable_segments=False, "native"
-leaves torch's allocator. STREAMALLOC_SUITE_TEST_FILE: the test file whose
+defaults, "streamalloc_plain" with expandable_segments=False, "native" and
+"native_expandable" leave torch's allocator (run.sh sets the variable that
+makes the second use expandable segments). STREAMALLOC_SUITE_TEST_FILE: the test file whose
 missing torch.testing._internal names get stand-ins, in whichever process
 imports it. A sitecustomize this one shadows still runs.
 """
@@ -27,10 +28,11 @@ def _run_shadowed_sitecustomize():
 
 
 def _select_allocator(mode):
-    if mode == "native":
+    if mode in ("native", "native_expandable"):
         return
     if mode not in ("streamalloc", "streamalloc_plain"):
-        sys.exit(f"torch-suite: unknown STREAMALLOC_SUITE_MODE {mode!r} (native, streamalloc, streamalloc_plain)")
+        sys.exit(f"torch-suite: unknown STREAMALLOC_SUITE_MODE {mode!r} "
+                 "(native, native_expandable, streamalloc, streamalloc_plain)")
     import streamalloc
 
     streamalloc.install(**({"expandable_segments": False} if mode == "streamalloc_plain" else {}))
