@@ -900,7 +900,9 @@ TEST_CASE("streamalloc-replay --all replays every trace in a folder", "[replay][
   }
 }
 
-TEST_CASE("streamalloc-replay --all on the repository's traces", "[replay][tool]") {
+// [slow]: every corpus trace through the tool, seconds on the default build
+// but about two minutes under ASan (Debug), which CI runs without [slow].
+TEST_CASE("streamalloc-replay --all on the repository's traces", "[replay][tool][slow]") {
   if (!replay_bin_present()) FAIL("streamalloc-replay not built at " << k_replay_bin);
   const std::string folder = STREAMALLOC_TEST_DATA_DIR "/traces";
   const command_result run = run_replay("--all " + quote(folder));
