@@ -82,7 +82,7 @@ step_build() {
 }
 
 step_unit() {
-  ctest --test-dir "$build_dir" --output-on-failure --timeout 600 -E '^(unit_slow|gpu)$'
+  ctest --test-dir "$build_dir" --output-on-failure --timeout 600 -E '^(unit_slow|unit_slow_replay|gpu)$'
 }
 
 step_gpu() {

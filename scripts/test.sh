@@ -14,7 +14,7 @@ scripts/setup.sh
 failed=0
 
 echo "== ctest (default build)"
-ctest --test-dir build --output-on-failure || failed=1
+ctest --test-dir build --output-on-failure -j "$(nproc)" || failed=1
 # ctest shows no output for a skipped test; its reason is in the log.
 grep -h '^streamalloc-skip:' build/Testing/Temporary/LastTest.log 2>/dev/null | sort -u | sed 's/^/  skipped, /' || true
 
