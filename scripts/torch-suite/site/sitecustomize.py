@@ -4,9 +4,10 @@ puts this folder first on PYTHONPATH, and spawned children inherit it).
 STREAMALLOC_SUITE_MODE: "streamalloc" installs streamalloc with its
 defaults, "streamalloc_plain" with expandable_segments=False, "native" and
 "native_expandable" leave torch's allocator (run.sh sets the variable that
-makes the second use expandable segments). STREAMALLOC_SUITE_TEST_FILE: the test file whose
-missing torch.testing._internal names get stand-ins, in whichever process
-imports it. A sitecustomize this one shadows still runs.
+makes the second use expandable segments). STREAMALLOC_SUITE_TEST_FILE:
+the test file whose missing torch.testing._internal names get stand-ins,
+in whichever process imports it. A sitecustomize this one shadows still
+runs.
 """
 
 import importlib.machinery
