@@ -1,7 +1,8 @@
 """scripts/torch-suite/run.sh, which runs PyTorch's own test files under
-each allocator, checked against a stand-in `torch` package (no torch or
-GPU needed): a test file newer than the installed torch imports names it
-lacks, also in the children it spawns."""
+each allocator, checked against stand-in `torch` and `streamalloc`
+packages (no torch or GPU needed): a test file newer than the installed
+torch imports names it lacks, also in the children it spawns; each mode
+tells torch's test utilities whether its allocator expands."""
 
 import importlib.util
 import json
