@@ -7,6 +7,7 @@ import os
 
 import pytest
 
+import sitecustomize  # site/sitecustomize.py (first on PYTHONPATH, run at start-up): the modes
 import torch_suite_standins
 
 MODE = os.environ.get("STREAMALLOC_SUITE_MODE", "native")
@@ -16,7 +17,7 @@ torch_suite_standins.patch_missing(os.environ["STREAMALLOC_SUITE_TEST_FILE"])
 
 
 def pytest_configure(config):
-    if MODE in ("native", "native_expandable"):
+    if MODE not in sitecustomize.STREAMALLOC_MODES:
         return
     import streamalloc
 

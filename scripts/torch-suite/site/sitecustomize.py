@@ -28,15 +28,21 @@ def _run_shadowed_sitecustomize():
         print(f"torch-suite: {spec.origin} failed: {error!r}", file=sys.stderr)
 
 
+# The modes that keep torch's allocator, and streamalloc.install()'s
+# arguments for the others (conftest.py reads these too).
+NATIVE_MODES = ("native", "native_expandable")
+STREAMALLOC_MODES = {"streamalloc": {}, "streamalloc_plain": {"expandable_segments": False}}
+
+
 def _select_allocator(mode):
-    if mode in ("native", "native_expandable"):
+    if mode in NATIVE_MODES:
         return
-    if mode not in ("streamalloc", "streamalloc_plain"):
+    if mode not in STREAMALLOC_MODES:
         sys.exit(f"torch-suite: unknown STREAMALLOC_SUITE_MODE {mode!r} "
-                 "(native, native_expandable, streamalloc, streamalloc_plain)")
+                 f"({', '.join((*NATIVE_MODES, *STREAMALLOC_MODES))})")
     import streamalloc
 
-    streamalloc.install(**({"expandable_segments": False} if mode == "streamalloc_plain" else {}))
+    streamalloc.install(**STREAMALLOC_MODES[mode])
 
 
 _run_shadowed_sitecustomize()
