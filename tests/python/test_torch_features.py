@@ -18,23 +18,46 @@ pytestmark = pytest.mark.gpu
 MiB = 1 << 20
 
 
+EXPANDABLE = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+
+
 @pytest.fixture(scope="module")
 def graph_trees(scripts):
-    return {mode: scripts.run_ok("graph_trees.py", mode, timeout=900) for mode in ("native", "streamalloc")}
+    runs = {mode: scripts.run_ok("graph_trees.py", mode, timeout=900) for mode in ("native", "streamalloc")}
+    # torch's expandable segments, which streamalloc extends to the graph
+    # trees' private pool (expandable_private_pools).
+    for mode in ("native", "streamalloc"):
+        run = scripts.run("graph_trees.py", mode, timeout=900, env=EXPANDABLE)
+        if run.returncode != 0 or run.result is None:
+            pytest.fail(f"scripts/graph_trees.py {mode} with {EXPANDABLE} failed: {run.describe()}", pytrace=False)
+        runs[mode + "_expandable"] = run.result
+    return runs
 
 
-def test_compile_reduce_overhead_results_equal_native(graph_trees):
-    native, ours = graph_trees["native"], graph_trees["streamalloc"]
+@pytest.mark.parametrize("mode", ["streamalloc", "streamalloc_expandable"])
+def test_compile_reduce_overhead_results_equal_native(graph_trees, mode):
+    native, ours = graph_trees["native"], graph_trees[mode]
     for key in ("train_losses", "infer_sums", "branch_sums"):
         assert ours[key] == pytest.approx(native[key], rel=1e-5, abs=1e-6), key
 
 
-def test_graph_trees_checkpoint_and_check_pools_through_streamalloc(graph_trees):
-    calls = graph_trees["streamalloc"]["calls"]
+@pytest.mark.parametrize("mode", ["streamalloc", "streamalloc_expandable"])
+def test_graph_trees_checkpoint_and_check_pools_through_streamalloc(graph_trees, mode):
+    calls = graph_trees[mode]["calls"]
     # The same calls native needed, made to streamalloc without an error.
     assert calls == graph_trees["native"]["calls"]
     assert calls["checkPoolLiveAllocations"] > 0
     assert calls["getCheckpointState"] > 0
+
+
+def test_graph_trees_pool_is_expandable_as_native_under_torchs_setting(graph_trees):
+    # Plain segments by default, expandable ones under torch's setting: as
+    # torch's own allocator lays out the pool.
+    for mode in ("native", "streamalloc"):
+        assert graph_trees[mode]["private_segments"] > 0, mode
+        assert not any(graph_trees[mode]["private_expandable"]), mode
+        assert graph_trees[mode + "_expandable"]["private_segments"] > 0, mode
+        assert all(graph_trees[mode + "_expandable"]["private_expandable"]), mode
 
 
 @pytest.mark.parametrize("reuse", ["True", "False"])

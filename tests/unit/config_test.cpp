@@ -45,6 +45,7 @@ void check_same(const allocator_config& a, const allocator_config& b) {
   CHECK(a.memory_fraction == b.memory_fraction);
   CHECK(a.garbage_collection_threshold == b.garbage_collection_threshold);
   CHECK(a.expandable_segments == b.expandable_segments);
+  CHECK(a.expandable_private_pools == b.expandable_private_pools);
   CHECK(a.stitching == b.stitching);
   CHECK(a.stitch_slack == b.stitch_slack);
   CHECK(a.vmm_chunk_bytes == b.vmm_chunk_bytes);
@@ -399,9 +400,11 @@ TEST_CASE("config: torch's settings split into shared entries and ignored keys",
         "pinned_use_cuda_host_register:True,per_process_memory_fraction:0.5,expandable_segments:True,"
         "release_lock_on_cudamalloc:True,garbage_collection_threshold:0.6,max_non_split_rounding_mb:40,"
         "graph_capture_record_stream_reuse:True");
+    // torch's expandable_segments covers its private pools too.
     CHECK(split.shared ==
           "max_split_size_mb:128,roundup_power2_divisions:[256:1,512:2,>:4],expandable_segments:True,"
-          "garbage_collection_threshold:0.6,max_non_split_rounding_mb:40,graph_capture_record_stream_reuse:True");
+          "expandable_private_pools:True,garbage_collection_threshold:0.6,max_non_split_rounding_mb:40,"
+          "graph_capture_record_stream_reuse:True");
     CHECK(split.ignored == std::vector<std::string>{"backend", "release_lock_on_cudamalloc"});
     // Every shared key is one of streamalloc's own, so the entries apply.
     const allocator_config c = allocator_config::parse(split.shared);
@@ -409,6 +412,9 @@ TEST_CASE("config: torch's settings split into shared entries and ignored keys",
     CHECK(c.roundup_divisions_for(300_MiB) == 1);
     CHECK(c.max_non_split_rounding_bytes == 40_MiB);
     CHECK(c.graph_capture_record_stream_reuse);
+    CHECK(c.expandable_private_pools);
+    CHECK_FALSE(allocator_config::parse(allocator_config::split_torch_settings("expandable_segments:False").shared)
+                    .expandable_private_pools);
   }
   SECTION("malformed text is a config error") {
     REQUIRE_THROWS_AS(allocator_config::split_torch_settings("max_split_size_mb"), config_error);
@@ -417,7 +423,7 @@ TEST_CASE("config: torch's settings split into shared entries and ignored keys",
 
 TEST_CASE("config: keys() documents every key exactly once", "[config]") {
   const auto& keys = allocator_config::keys();
-  CHECK(keys.size() == 17);
+  CHECK(keys.size() == 18);
   std::set<std::string> names;
   const std::string rendered = allocator_config{}.to_string();
   for (const auto& doc : keys) {
@@ -442,7 +448,7 @@ TEST_CASE("config: to_string renders every key and round-trips", "[config]") {
           "min_block_bytes:512,small_size_kb:auto,small_segment_mb:2,large_segment_mb:20,min_large_alloc_mb:10,"
           "large_round_mb:2,max_split_size_mb:unlimited,max_non_split_rounding_mb:20,roundup_power2_divisions:0,"
           "cross_stream_reuse:True,graph_capture_record_stream_reuse:False,memory_fraction:1,garbage_collection_threshold:0,"
-          "expandable_segments:True,"
+          "expandable_segments:True,expandable_private_pools:False,"
           "stitching:True,stitch_slack:0.005,vmm_chunk_mb:2");
     check_same(allocator_config::parse(text), c);
   }
@@ -451,12 +457,14 @@ TEST_CASE("config: to_string renders every key and round-trips", "[config]") {
         "min_block_bytes:256,small_size_kb:768,small_segment_mb:1,large_segment_mb:12,min_large_alloc_mb:12,"
         "large_round_mb:1,max_split_size_mb:1024,max_non_split_rounding_mb:0,roundup_power2_divisions:64,"
         "cross_stream_reuse:0,memory_fraction:0.1,garbage_collection_threshold:0.95,expandable_segments:false,"
-        "stitching:0,stitch_slack:0.25,vmm_chunk_mb:64");
+        "expandable_private_pools:1,stitching:0,stitch_slack:0.25,vmm_chunk_mb:64");
     const std::string text = c.to_string();
     INFO(text);
     check_same(allocator_config::parse(text), c);
     CHECK(contains(text, "cross_stream_reuse:False"));
-    CHECK(contains(text, "expandable_segments:False,stitching:False,stitch_slack:0.25,vmm_chunk_mb:64"));
+    CHECK(contains(text,
+                   "expandable_segments:False,expandable_private_pools:True,stitching:False,stitch_slack:0.25,"
+                   "vmm_chunk_mb:64"));
     CHECK(contains(text, "memory_fraction:0.1,"));
   }
   SECTION("doubles round-trip bit for bit") {

@@ -1,7 +1,9 @@
 // Randomized test of expandable segments and stitching on the simulated
 // device's virtual-memory model: random sizes and streams, stream uses,
-// frees, event completions, empty_cache and injected faults in
-// reserve/create/map/unmap. Every queued use of a block is a sim "touch",
+// frees, event completions, empty_cache, injected faults in
+// reserve/create/map/unmap, and private pools (one stream's requests routed
+// to a pool, its checkpoints restored, the pool released), whose ranges
+// grow too on half the seeds (Note [private ranges]). Every queued use of a block is a sim "touch",
 // so an unmap before the using streams finished fails the run; after every
 // checked step the allocator validates (each mapped chunk lies under a
 // mapped block of exactly one range, none mapped twice), the stats match a
@@ -10,6 +12,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <string>
@@ -36,8 +39,12 @@ struct vmm_coverage {
   std::int64_t chunk_unmaps = 0;
   std::int64_t stitch_syncs = 0;
   std::size_t empty_ranges_released = 0;
+  std::size_t pool_allocations = 0;
+  std::size_t restores = 0;
 
   void add(const vmm_coverage& o) {
+    pool_allocations += o.pool_allocations;
+    restores += o.restores;
     allocations += o.allocations;
     ooms += o.ooms;
     device_failures += o.device_failures;
@@ -63,6 +70,7 @@ allocator_config config_for(std::uint64_t seed) {
   c.cross_stream_reuse = seed % 3 != 0;
   c.vmm_chunk_bytes = seed % 5 == 4 ? 4_MiB : 2_MiB;
   if (seed % 3 == 2) c.memory_fraction = 0.75;
+  c.expandable_private_pools = seed % 2 == 0;
   return c;
 }
 
@@ -138,6 +146,8 @@ class vmm_run {
       auto it = random_live();
       f_.alloc.free(reinterpret_cast<void*>(it->first));
       live_.erase(it);
+    } else if (pick < 93) {
+      private_pool_step();
     } else if (pick < 98) {
       op_ = "complete events";
       const std::uint64_t how = rng_() % 3;
@@ -154,6 +164,46 @@ class vmm_run {
       const std::size_t ranges_before = f_.sim.live_ranges();
       f_.alloc.empty_cache();
       if (f_.sim.live_ranges() < ranges_before) ++coverage_.empty_ranges_released;
+    }
+  }
+
+  // Starts or ends routing one stream's requests to a new private pool, or,
+  // while routed, checkpoints the pool or restores its checkpoint.
+  void private_pool_step() {
+    const std::uint64_t pick = rng_() % 4;
+    if (pool_ == 0) {
+      op_ = "route a stream to a private pool";
+      pool_ = next_pool_++;
+      routed_ = random_stream();
+      checkpoint_.reset();
+      f_.alloc.begin_allocate_to_pool(pool_, [routed = routed_](stream_handle s) { return s == routed; });
+    } else if (pick == 0) {
+      op_ = "end routing and release the pool";
+      f_.alloc.end_allocate_to_pool(pool_);
+      f_.alloc.release_pool(pool_);
+      pool_ = 0;
+    } else if (pick == 1) {
+      op_ = "checkpoint_pool";
+      try {
+        checkpoint_ = f_.alloc.checkpoint_pool(pool_);
+      } catch (const usage_error&) {
+        // a block of the pool awaits stream events
+      }
+    } else if (checkpoint_) {
+      op_ = "restore_pool";
+      pool_restore_result result;
+      try {
+        result = f_.alloc.restore_pool(*checkpoint_);
+      } catch (const usage_error&) {
+        return;
+      }
+      ++coverage_.restores;
+      for (void* p : result.freed) live_.erase(addr(p));
+      for (void* p : result.allocated) {
+        const std::size_t size = f_.alloc.allocation_size(p);
+        if (!f_.sim.is_device_memory(p, size)) fail("a restored allocation is not mapped device memory");
+        live_[addr(p)] = live_block{size, routed_};
+      }
     }
   }
 
@@ -200,11 +250,16 @@ class vmm_run {
       fail("returned range overlaps the live block before it");
     }
     live_.emplace(start, live_block{block_size, stream});
+    if (pool_ != 0 && stream == routed_) ++coverage_.pool_allocations;
     f_.sim.touch(stream, p, block_size);  // kernels queued on the block's stream
   }
 
   void finish() {
     op_ = "free everything and empty_cache";
+    if (pool_ != 0) {
+      f_.alloc.end_allocate_to_pool(pool_);
+      f_.alloc.release_pool(pool_);
+    }
     for (const auto& [address, b] : live_) f_.alloc.free(reinterpret_cast<void*>(address));
     live_.clear();
     f_.sim.complete_all_events();
@@ -225,6 +280,10 @@ class vmm_run {
   sim_fixture f_;
   std::vector<stream_handle> streams_;
   std::map<std::uintptr_t, live_block> live_;
+  pool_id pool_ = 0;  // the pool requests of routed_ go to, 0: none
+  pool_id next_pool_ = 1;
+  stream_handle routed_ = 0;
+  std::optional<pool_checkpoint> checkpoint_;
   vmm_coverage coverage_;
 };
 
@@ -240,7 +299,8 @@ void check_coverage(const vmm_coverage& c) {
   INFO("allocations " << c.allocations << ", ooms " << c.ooms << ", device failures " << c.device_failures
                       << ", faults " << c.faults_injected << ", stitched blocks " << c.stitched_blocks
                       << ", chunk unmaps " << c.chunk_unmaps << ", stitch syncs " << c.stitch_syncs
-                      << ", empty_cache range releases " << c.empty_ranges_released);
+                      << ", empty_cache range releases " << c.empty_ranges_released << ", pool allocations "
+                      << c.pool_allocations << ", restores " << c.restores);
   CHECK(c.allocations > 0);
   CHECK(c.ooms > 0);
   CHECK(c.device_failures > 0);
@@ -248,6 +308,8 @@ void check_coverage(const vmm_coverage& c) {
   CHECK(c.chunk_unmaps > c.stitched_blocks);
   CHECK(c.stitch_syncs > 0);
   CHECK(c.empty_ranges_released > 0);
+  CHECK(c.pool_allocations > 0);
+  CHECK(c.restores > 0);
 }
 
 }  // namespace

@@ -725,23 +725,6 @@ TEST_CASE("expandable: max_split_size leaves every free run to every request", "
   f.check_consistent();
 }
 
-TEST_CASE("expandable: graph-capture pools keep plain segments", "[expandable]") {
-  sim_fixture f(vmm_device());
-  void* outside = f.alloc.allocate(3_MiB, f.s2);
-  f.alloc.begin_allocate_to_pool(5, [&](stream_handle s) { return s == f.s1; });
-  void* captured = f.alloc.allocate(3_MiB, f.s1);
-  f.alloc.end_allocate_to_pool(5);
-  f.check_consistent();
-  const allocator_snapshot snap = f.snapshot();
-  CHECK(find_segment(snap, addr(outside))->is_expandable);
-  CHECK_FALSE(find_segment(snap, addr(captured))->is_expandable);
-  CHECK(find_segment(snap, addr(captured))->pool == 5);
-  f.alloc.free(captured);
-  f.alloc.release_pool(5);
-  f.alloc.free(outside);
-  f.check_consistent();
-}
-
 TEST_CASE("expandable: peer access covers chunks mapped before and after it is allowed", "[expandable]") {
   sim_fixture f(vmm_device());
   void* before = f.alloc.allocate(3_MiB, f.s1);

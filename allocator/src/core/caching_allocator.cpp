@@ -556,7 +556,7 @@ bool caching_allocator::garbage_collection_due_locked() const {
 
 block* caching_allocator::grow_any_locked(std::size_t rounded, stream_handle stream, pool_id pool, bool small,
                                           bool may_stitch) {
-  return uses_expandable(pool) ? grow_expandable_locked(rounded, stream, small, may_stitch)
+  return uses_expandable(pool) ? grow_expandable_locked(rounded, stream, pool, small, may_stitch)
                                : grow_locked(rounded, stream, pool, small);
 }
 
@@ -1097,10 +1097,7 @@ bool caching_allocator::release_segment_locked(segment* s) {
   if (policy_.is_oversize(s->size)) stats_.oversize_segments.decrease(1);
   ++stats_.num_device_free;
   segments_.erase(s->address);
-  if (s->pool != 0) {
-    auto p = private_pools_.find(s->pool);
-    if (--p->second.segments == 0 && p->second.use_count == 0) private_pools_.erase(p);
-  }
+  if (s->pool != 0) forget_pool_segment_locked(s->pool);
   delete s;
   return true;
 }
@@ -1594,7 +1591,6 @@ void caching_allocator::validate() const {
     if (address != s->address) fail("segment map key differs from segment address");
     if (s->first == nullptr || s->first->prev != nullptr) fail("segment does not start with a first block");
     if (s->expandable()) {
-      if (s->pool != 0) fail("an expandable segment outside the default pool");
       validate_expandable_locked(s, &mapped_chunks);
       bump(recount.reserved_bytes, s, static_cast<std::int64_t>(s->range->mapped_chunks() * s->range->chunk_bytes()));
       for (const block* b = s->first; b != nullptr; b = b->next) {
@@ -1674,13 +1670,19 @@ void caching_allocator::validate() const {
     });
   });
   if (set_members != free_blocks) fail("free sets and free blocks differ in number");
-  for (const free_block_index* set : {&unmapped_.small, &unmapped_.large}) {
-    check_index(*set);
-    set->for_each([&](const block* b) {
-      if (b->mapped || b->owner->unmapped_set != set) fail("a block in an unmapped set is mapped or another pool's");
-    });
-  }
-  if (unmapped_.small.size() + unmapped_.large.size() != unmapped_blocks) fail("unmapped sets hold stray blocks");
+  std::size_t unmapped_members = 0;
+  const auto check_unmapped = [&](const pool_pair& sets) {
+    for (const free_block_index* set : {&sets.small, &sets.large}) {
+      check_index(*set);
+      unmapped_members += set->size();
+      set->for_each([&](const block* b) {
+        if (b->mapped || b->owner->unmapped_set != set) fail("a block in an unmapped set is mapped or another pool's");
+      });
+    }
+  };
+  check_unmapped(unmapped_);
+  for (const auto& [id, p] : private_pools_) check_unmapped(p.unmapped);
+  if (unmapped_members != unmapped_blocks) fail("unmapped sets hold stray blocks");
   std::sort(mapped_chunks.begin(), mapped_chunks.end());
   if (std::adjacent_find(mapped_chunks.begin(), mapped_chunks.end()) != mapped_chunks.end()) fail("a chunk is mapped twice");
   if (static_cast<std::int64_t>(mapped_chunks.size()) != stats_.mapped_chunks.current) fail("mapped_chunks stat");

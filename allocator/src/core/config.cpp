@@ -302,6 +302,14 @@ constexpr key_handler k_handlers[] = {
      "place, where the device supports virtual memory; False = one cudaMalloc per segment (default True).",
      [](allocator_config& c, std::string_view v) { c.expandable_segments = parse_bool("expandable_segments", v); },
      [](const allocator_config& c) { return std::string(c.expandable_segments ? "True" : "False"); }},
+    {"expandable_private_pools",
+     "With expandable segments: private pools (CUDA graphs, MemPool) grow expandable ranges too, one per "
+     "stream, by torch's segment sizes; torch's expandable_segments key sets it with expandable_segments "
+     "(default False: plain segments, torch's default layouts).",
+     [](allocator_config& c, std::string_view v) {
+       c.expandable_private_pools = parse_bool("expandable_private_pools", v);
+     },
+     [](const allocator_config& c) { return std::string(c.expandable_private_pools ? "True" : "False"); }},
     {"stitching",
      "With expandable segments: when no mapped free block fits, move idle chunks out of free holes to serve "
      "the request instead of mapping new memory; while other threads wait for the allocator, only what the "
@@ -464,8 +472,8 @@ void allocator_config::check_run_time_update(const allocator_config& next) const
     if (same) return;
     throw usage_error(std::string("streamalloc: ") + field + " (STREAMALLOC_CONF key " + key +
                       ") cannot change at run time; only max_split_size_mb, max_non_split_rounding_mb, "
-                      "roundup_power2_divisions, garbage_collection_threshold, expandable_segments and "
-                      "graph_capture_record_stream_reuse can");
+                      "roundup_power2_divisions, garbage_collection_threshold, expandable_segments, "
+                      "expandable_private_pools and graph_capture_record_stream_reuse can");
   };
   keep(next.min_block_bytes == min_block_bytes, "min_block_bytes", "min_block_bytes");
   keep(next.small_request_bytes == small_request_bytes, "small_request_bytes", "small_size_kb");
@@ -504,6 +512,9 @@ allocator_config::torch_settings allocator_config::split_torch_settings(const st
                                     [key = key](const char* k) { return key == k; });
     if (shared) {
       out.shared += std::string(out.shared.empty() ? "" : ",") + std::string(key) + ":" + std::string(value);
+      // torch's expandable segments cover its private pools too (Note
+      // [private ranges]).
+      if (key == "expandable_segments") out.shared += ",expandable_private_pools:" + std::string(value);
     } else if (key.rfind("pinned_", 0) != 0 && key != "per_process_memory_fraction") {
       out.ignored.emplace_back(key);
     }

@@ -75,6 +75,21 @@
 // (bert_serve_inflight8 1.0230 -> 1.0271, hf_generate_dynamic 1.0292 ->
 // 1.0363, fsdp2_streams4 1.0253 -> 1.0291).
 //
+// Note [private ranges]: with expandable_private_pools (torch's
+// expandable_segments:True sets it; off by default), a private pool without
+// a segment source of its own or no_split grows expandable ranges too, as
+// torch's allocator does under that setting: one range per pool, stream and
+// small/large kind, the size of the device, mapped by torch's segment sizes
+// (2 MiB small, 20 MiB large: a 32 MiB request after 20 free MiB maps 20
+// more, as torch does), never stitched, since its graphs replay into its
+// memory. Its chunks stay mapped while the pool is in use; once released,
+// empty_cache unmaps its idle chunks and gives back ranges with nothing
+// mapped. A checkpoint records which blocks were mapped; restoring it after
+// the range grew leaves the chunks mapped since as free blocks of the
+// range's stream. A range the driver refuses falls back to plain segments.
+// Off by default because torch's default private pools are plain, and graph
+// trees and torch's tests read their layouts (segment counts and sizes).
+//
 // Note [stitch cycles]: a stitch synchronizes streams (the host waits for
 // the donors' queued work), so a workload that stitches again every
 // iteration pays that every iteration: each stitch can leave holes that
@@ -232,23 +247,42 @@ std::size_t caching_allocator::device_range_bytes() const {
   return round_up_checked(std::max(device_total_bytes_, chunk_bytes_), chunk_bytes_, &bytes) ? bytes : chunk_bytes_;
 }
 
-block* caching_allocator::grow_expandable_locked(std::size_t rounded, stream_handle stream, bool small, bool may_stitch) {
+bool caching_allocator::uses_expandable(pool_id pool) const {
+  if (!expandable_) return false;
+  if (pool == 0) return true;
+  // Note [private ranges]
+  if (!config_.expandable_private_pools) return false;
+  const auto it = private_pools_.find(pool);
+  return it != private_pools_.end() && it->second.source == nullptr && !it->second.no_split;
+}
+
+free_block_index& caching_allocator::unmapped_set_locked(pool_id pool, bool small) {
+  pool_pair& sets = pool == 0 ? unmapped_ : private_pools_.find(pool)->second.unmapped;
+  return small ? sets.small : sets.large;
+}
+
+block* caching_allocator::grow_expandable_locked(std::size_t rounded, stream_handle stream, pool_id pool, bool small,
+                                                 bool may_stitch) {
   // Beyond the cap nothing can serve it (and chunk arithmetic stays far
   // from overflow).
   if (rounded > allowed_bytes_) return nullptr;
-  const free_block_index& unmapped = small ? unmapped_.small : unmapped_.large;
-  placement where = place_locked(unmapped, rounded, stream);
+  const free_block_index& unmapped = unmapped_set_locked(pool, small);
+  placement where = place_locked(unmapped, rounded, stream, pool);
   if (where.target == nullptr) {
-    if (reserve_range_locked(rounded, small) == nullptr) return nullptr;
-    where = place_locked(unmapped, rounded, stream);
+    if (reserve_range_locked(rounded, stream, pool, small) == nullptr) {
+      // Note [private ranges]: address space refused, plain segments serve.
+      return pool != 0 ? grow_locked(rounded, stream, pool, small) : nullptr;
+    }
+    where = place_locked(unmapped, rounded, stream, pool);
     if (where.target == nullptr) return nullptr;
   }
 
   std::vector<physical_handle> handles;
   handles.reserve(where.chunks);
   std::size_t stolen = 0;
-  const bool stitch =
-      may_stitch && stitching_wanted_locked(where.chunks, rounded) && stitch_cycle_allows_locked(where.chunks, rounded);
+  // A private pool's chunks stay where its graphs replay into them.
+  const bool stitch = pool == 0 && may_stitch && stitching_wanted_locked(where.chunks, rounded) &&
+                      stitch_cycle_allows_locked(where.chunks, rounded);
   // Note [stitching under contention]: with other threads waiting, new
   // chunks first; stitching only for what the device cannot give.
   const bool stitch_last = stitch && others_waiting_locked();
@@ -297,7 +331,8 @@ block* caching_allocator::grow_expandable_locked(std::size_t rounded, stream_han
                          " failed to map a memory chunk: " + st.message());
   }
   if (stolen > 0) ++stats_.num_stitched_blocks;
-  record_trace_locked(trace_action::segment_map, where.map_address(chunk_bytes_), where.chunks * chunk_bytes_, stream, 0);
+  record_trace_locked(trace_action::segment_map, where.map_address(chunk_bytes_), where.chunks * chunk_bytes_, stream,
+                      pool);
   return take_mapped_front_locked(where, stream);
 }
 
@@ -359,7 +394,7 @@ void caching_allocator::count_stitch_locked(std::size_t rounded) {
 }
 
 caching_allocator::placement caching_allocator::place_locked(const free_block_index& unmapped, std::size_t rounded,
-                                                             stream_handle stream) const {
+                                                             stream_handle stream, pool_id pool) const {
   placement best;
   // The fewest new chunks wins, then the first block in the set's
   // (stream, size, address) order. A hole mapped whole also joins the free
@@ -372,6 +407,8 @@ caching_allocator::placement caching_allocator::place_locked(const free_block_in
                         tree_entry{b->stream, b->size, b->address, nullptr});
   };
   unmapped.for_each_unordered([&](block* target) {
+    // Note [private ranges]: a private pool's ranges belong to one stream each.
+    if (pool != 0 && target->owner->stream != stream) return;
     block* before = target->prev;
     block* after = target->next;
     const auto stream_free = [stream](const block* b) {
@@ -380,6 +417,13 @@ caching_allocator::placement caching_allocator::place_locked(const free_block_in
     const bool extend = stream_free(before) && before->size < rounded;
     const std::size_t missing = rounded - (extend ? before->size : 0);
     std::size_t chunks = chunks_for(missing, chunk_bytes_);
+    if (pool != 0) {
+      // Note [private ranges]: growth by whole segment sizes, as torch's.
+      const segment* s = target->owner;
+      const std::size_t unit = chunks_for(s->is_small ? config_.small_segment_bytes : config_.large_segment_bytes,
+                                          chunk_bytes_);
+      chunks = std::max(chunks, std::min((chunks + unit - 1) / unit * unit, target->size / chunk_bytes_));
+    }
     if (chunks * chunk_bytes_ > target->size) {
       const bool joins = stream_free(after) && target->size + after->size >= missing;
       if (!joins) return;
@@ -394,7 +438,7 @@ caching_allocator::placement caching_allocator::place_locked(const free_block_in
     const std::size_t mapped = chunks * chunk_bytes_;
     consider({target, extend ? before : nullptr, chunks, missing > mapped ? missing - mapped : 0, false});
     // Note [the hole's end]
-    if (!extend && stream_free(after) && after->size < rounded) {
+    if (pool == 0 && !extend && stream_free(after) && after->size < rounded) {
       const std::size_t end_chunks = chunks_for(rounded - after->size, chunk_bytes_);
       if (end_chunks < chunks && end_chunks * chunk_bytes_ < target->size) {
         consider({target, nullptr, end_chunks, rounded - end_chunks * chunk_bytes_, true});
@@ -404,12 +448,13 @@ caching_allocator::placement caching_allocator::place_locked(const free_block_in
   return best;
 }
 
-segment* caching_allocator::reserve_range_locked(std::size_t rounded, bool small) {
-  std::size_t bytes = range_bytes_;
+segment* caching_allocator::reserve_range_locked(std::size_t rounded, stream_handle stream, pool_id pool, bool small) {
+  // Note [private ranges]: a private pool's ranges are the device's size.
+  std::size_t bytes = pool == 0 ? range_bytes_ : device_range_bytes();
   if (rounded > bytes && !round_up_checked(rounded, chunk_bytes_, &bytes)) return nullptr;
   status st;
   std::unique_ptr<expandable_range> range = expandable_range::reserve(backend_, bytes, chunk_bytes_, peers_, &st);
-  if (range == nullptr && range_bytes_ > device_range_bytes()) {
+  if (range == nullptr && pool == 0 && range_bytes_ > device_range_bytes()) {
     // Note [address space]: a driver that refuses that much address space,
     // for want of it or otherwise, gets ranges the size of the device from
     // now on; should that fail too, the failure is handled as before.
@@ -427,9 +472,14 @@ segment* caching_allocator::reserve_range_locked(std::size_t rounded, bool small
   s->address = range->address();
   s->size = bytes;
   s->is_small = small;
-  s->free_set = &pool_for_locked(0, small);
+  s->pool = pool;
+  s->free_set = &pool_for_locked(pool, small);
   s->range = std::move(range);
-  s->unmapped_set = small ? &unmapped_.small : &unmapped_.large;
+  s->unmapped_set = &unmapped_set_locked(pool, small);
+  if (pool != 0) {
+    s->stream = stream;
+    ++private_pools_.find(pool)->second.segments;
+  }
   block* b = new_block_locked();
   b->address = s->address;
   b->size = bytes;
@@ -710,18 +760,25 @@ block* caching_allocator::absorb_following_free_locked(block* b) {
   return b;
 }
 
-void caching_allocator::release_idle_chunks_locked() {
+void caching_allocator::release_idle_chunks_locked(std::optional<pool_id> only) {
   if (chunk_bytes_ == 0) return;  // expandable segments never used: no range exists
+  // A pool in use keeps its chunks: its graphs replay into them.
+  const auto releasable = [&](pool_id pool) { return only ? pool == *only : pool_releasable_locked(pool); };
+  std::vector<const free_block_index*> sets;
+  if (releasable(0)) sets = {&default_pool_.small, &default_pool_.large};
+  for (const auto& [id, p] : private_pools_) {
+    if (releasable(id)) sets.insert(sets.end(), {&p.free.small, &p.free.large});
+  }
   const auto has_idle = [&](const block* b) { return b->owner->expandable() && idle_chunks(b) > 0; };
   const auto any_idle = [&] {
-    for (const free_block_index* set : {&default_pool_.small, &default_pool_.large}) {
+    for (const free_block_index* set : sets) {
       bool found = false;
       set->for_each([&](const block* b) { found = found || has_idle(b); }, chunk_bytes_);
       if (found) return true;
     }
     // Adjacent free blocks of different streams may share an idle chunk.
     for (const auto& [address, s] : segments_) {
-      if (!s->expandable()) continue;
+      if (!s->expandable() || !releasable(s->pool)) continue;
       for (const block* b = s->first; b != nullptr; b = b->next) {
         if (b->is_free_mapped() && b->next != nullptr && b->next->is_free_mapped()) return true;
       }
@@ -732,13 +789,13 @@ void caching_allocator::release_idle_chunks_locked() {
   if (!backend_.synchronize_device()) return;  // no proof that the chunks are unused
   ++stats_.num_sync_all_streams;
   for (const auto& [address, s] : segments_) {
-    if (!s->expandable()) continue;
+    if (!s->expandable() || !releasable(s->pool)) continue;
     for (block* b = s->first; b != nullptr; b = b->next) {
       if (b->is_free_mapped() && b->next != nullptr && b->next->is_free_mapped()) b = absorb_following_free_locked(b);
     }
   }
   std::vector<block*> donors;
-  for (const free_block_index* set : {&default_pool_.small, &default_pool_.large}) {
+  for (const free_block_index* set : sets) {
     set->for_each([&](block* b) {
       if (has_idle(b)) donors.push_back(b);
     });
@@ -755,6 +812,7 @@ bool caching_allocator::release_range_locked(segment* s) {
   s->unmapped_set->erase(b);
   delete_block_locked(b);
   segments_.erase(s->address);
+  if (s->pool != 0) forget_pool_segment_locked(s->pool);
   delete s;
   return true;
 }
@@ -778,9 +836,10 @@ void caching_allocator::snapshot_expandable_locked(const segment* s, allocator_s
     }
     segment_info info = snapshot_entry(s);
     info.address = b->address;
-    // A run may hold blocks of several streams; it is reported under its
-    // first block's, not the stream that reserved the range.
-    info.stream = b->stream;
+    // A run of the default pool may hold blocks of several streams; it is
+    // reported under its first block's. A private pool's range has a
+    // stream of its own (Note [private ranges]).
+    if (s->pool == 0) info.stream = b->stream;
     for (; b != nullptr && b->mapped; b = b->next) {
       append_block_info(b, &info);
       info.total_size += b->size;
@@ -800,7 +859,8 @@ void caching_allocator::validate_expandable_locked(const segment* s, std::vector
   const expandable_range& range = *s->range;
   const std::size_t chunk = range.chunk_bytes();
   if (range.address() != s->address || range.size() != s->size) fail("a range and its segment disagree on their bounds");
-  if (s->unmapped_set != (s->is_small ? &unmapped_.small : &unmapped_.large)) fail("a range points at another pool's unmapped set");
+  const pool_pair& unmapped = s->pool == 0 ? unmapped_ : private_pools_.find(s->pool)->second.unmapped;
+  if (s->unmapped_set != (s->is_small ? &unmapped.small : &unmapped.large)) fail("a range points at another pool's unmapped set");
   std::vector<bool> touched(range.slots(), false);
   std::size_t unmapped_blocks = 0;
   for (const block* b = s->first; b != nullptr; b = b->next) {

@@ -94,6 +94,11 @@ bool caching_allocator::pool_in_use_locked(pool_id pool) const {
   return it != private_pools_.end() && it->second.use_count > 0;
 }
 
+void caching_allocator::forget_pool_segment_locked(pool_id pool) {
+  auto p = private_pools_.find(pool);
+  if (--p->second.segments == 0 && p->second.use_count == 0) private_pools_.erase(p);
+}
+
 bool caching_allocator::pool_no_split_locked(pool_id pool) const {
   auto it = private_pools_.find(pool);
   return it != private_pools_.end() && it->second.no_split;
@@ -146,10 +151,16 @@ void caching_allocator::empty_cache(pool_id id) {
   // allocates from it again.
   if (it == private_pools_.end() || it->second.use_count > 0) return;
   synchronize_pool_events_locked(id);
+  release_idle_chunks_locked(id);
   for (auto seg = segments_.begin(); seg != segments_.end();) {
     segment* s = seg->second;
-    ++seg;  // release_segment_locked erases s (and, with its last segment, the pool)
-    if (s->pool == id && segment_unused(s)) release_segment_locked(s);
+    ++seg;  // releasing erases s (and, with its last segment, the pool)
+    if (s->pool != id) continue;
+    if (s->expandable()) {
+      release_range_locked(s);
+    } else if (segment_unused(s)) {
+      release_segment_locked(s);
+    }
   }
 }
 
@@ -213,7 +224,7 @@ pool_checkpoint caching_allocator::checkpoint_pool(pool_id id) const {
         throw usage_error(pool_name(id) + ": the block at " + std::to_string(b->address) +
                           " awaits stream events; synchronize before checkpoint_pool");
       }
-      seg.blocks.push_back({b->address, b->size, b->requested_size, b->stream, b->allocated});
+      seg.blocks.push_back({b->address, b->size, b->requested_size, b->stream, b->allocated, b->mapped});
     }
     out.segments.push_back(std::move(seg));
   }
@@ -273,6 +284,17 @@ std::vector<segment*> caching_allocator::restorable_segments_locked(const pool_c
       expected += b.size;
     }
     if (expected != seg.address + seg.size) throw usage_error(where + ": its blocks do not tile it");
+    if (found->second->expandable()) {
+      // Note [private ranges]: a range's chunks stay mapped while its pool
+      // is in use, so what was mapped then is mapped now.
+      const expandable_range& range = *found->second->range;
+      for (const pool_checkpoint::block_state& b : seg.blocks) {
+        if (!b.mapped) continue;
+        for (std::size_t slot = range.slot_of(b.address); slot <= range.slot_of(b.address + b.size - 1); ++slot) {
+          if (range.chunk(slot) == 0) throw usage_error(where + ": memory it recorded is no longer mapped");
+        }
+      }
+    }
     out.push_back(found->second);
   }
   return out;
@@ -293,24 +315,31 @@ void caching_allocator::rebuild_segment_locked(segment* s, const pool_checkpoint
   // cut from one free block.
   for (block* b = s->first; b != nullptr;) {
     block* next = b->next;
-    erase_free_locked(b);
+    if (b->mapped) {
+      erase_free_locked(b);
+    } else {
+      s->unmapped_set->erase(b);
+    }
     delete_block_locked(b);
     b = next;
   }
   s->first = nullptr;
   block* last = nullptr;
-  for (const pool_checkpoint::block_state& recorded : state.blocks) {
-    // Free neighbours of one stream coalesce, as the invariants require.
-    if (!recorded.allocated && last != nullptr && !last->allocated && last->stream == recorded.stream) {
-      last->size += recorded.size;
-      continue;
+  const auto append = [&](const pool_checkpoint::block_state& piece) {
+    // Free neighbours of one stream coalesce, as do unmapped ones, as the
+    // invariants require.
+    if (!piece.allocated && last != nullptr && !last->allocated && last->mapped == piece.mapped &&
+        (!piece.mapped || last->stream == piece.stream)) {
+      last->size += piece.size;
+      return;
     }
     block* b = new_block_locked();
-    b->address = recorded.address;
-    b->size = recorded.size;
-    b->stream = recorded.stream;
+    b->address = piece.address;
+    b->size = piece.size;
+    b->stream = piece.stream;
     b->owner = s;
-    b->allocated = recorded.allocated;  // counted below, once the neighbours are linked
+    b->mapped = piece.mapped;
+    b->allocated = piece.allocated;  // counted below, once the neighbours are linked
     b->prev = last;
     if (last != nullptr) {
       last->next = b;
@@ -318,20 +347,38 @@ void caching_allocator::rebuild_segment_locked(segment* s, const pool_checkpoint
       s->first = b;
     }
     last = b;
+  };
+  for (const pool_checkpoint::block_state& recorded : state.blocks) {
+    if (recorded.mapped) {
+      append(recorded);
+      continue;
+    }
+    // Note [private ranges]: chunks mapped since the checkpoint stay mapped,
+    // free, of the range's stream.
+    const expandable_range& range = *s->range;
+    const std::size_t chunk = range.chunk_bytes();
+    for (std::uintptr_t at = recorded.address; at < recorded.address + recorded.size; at += chunk) {
+      const bool mapped = range.chunk(range.slot_of(at)) != 0;
+      append({at, chunk, 0, mapped ? s->stream : 0, false, mapped});
+    }
   }
   // Both loops need the whole list: a free block's inactive_split status
   // depends on its neighbours.
   auto recorded = state.blocks.begin();
   for (block* b = s->first; b != nullptr; b = b->next) {
+    if (!b->allocated) continue;
     while (recorded->address != b->address) ++recorded;
-    if (b->allocated) {
-      allocated_.insert(b->address, b);
-      mark_allocated_locked(b, recorded->requested_size);
-      out->allocated.push_back(reinterpret_cast<void*>(b->address));
-    }
+    allocated_.insert(b->address, b);
+    mark_allocated_locked(b, recorded->requested_size);
+    out->allocated.push_back(reinterpret_cast<void*>(b->address));
   }
   for (block* b = s->first; b != nullptr; b = b->next) {
-    if (!b->allocated) insert_free_locked(b);
+    if (b->allocated) continue;
+    if (b->mapped) {
+      insert_free_locked(b);
+    } else {
+      s->unmapped_set->insert(b);
+    }
   }
 }
 

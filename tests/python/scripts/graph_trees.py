@@ -2,8 +2,10 @@
 allocator named by argv[1]: a training and an inference loop of a small MLP,
 then one compiled function called with several input shapes, so its graphs
 form several branches of one tree sharing one memory pool. Reports the
-results (to compare with torch's native allocator) and how often graph
-trees used the allocator's checkpoint and pool-liveness calls."""
+results (to compare with torch's native allocator), how often graph trees
+used the allocator's checkpoint and pool-liveness calls, and whether the
+pool's segments are expandable (they are under
+PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True)."""
 
 import sys
 
@@ -80,10 +82,14 @@ for repeat in range(4):
         branch_sums.append(compiled_branchy(torch.ones(rows, 64, device="cuda") * (repeat + 1)).sum().item())
 
 torch.cuda.synchronize()
+private = [seg for seg in torch.cuda.memory_snapshot() if tuple(seg["segment_pool_id"]) != (0, 0)]
 emit({
     "train_losses": train_losses,
     "infer_sums": infer_sums,
     "branch_sums": branch_sums,
     "calls": calls,
     "backend_name": torch.cuda.memory.get_allocator_backend(),
+    # Whether the graph trees' pool grew expandable segments (PYTORCH_CUDA_ALLOC_CONF).
+    "private_segments": len(private),
+    "private_expandable": [bool(seg["is_expandable"]) for seg in private],
 })

@@ -13,6 +13,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -212,8 +213,10 @@ class caching_allocator {
     free_block_index large;
   };
   struct private_pool {
-    private_pool(node_recycler* recycler, std::size_t class_bytes) : free(recycler, class_bytes) {}
+    private_pool(node_recycler* recycler, std::size_t class_bytes)
+        : free(recycler, class_bytes), unmapped(recycler, class_bytes) {}
     pool_pair free;
+    pool_pair unmapped;  // the unmapped blocks of its ranges (Note [private ranges])
     int use_count = 0;  // captures, graphs and MemPools still holding the pool
     std::size_t segments = 0;
     std::shared_ptr<segment_source> source;  // nullptr: segments come from the backend
@@ -355,17 +358,21 @@ class caching_allocator {
   // `small`: the pool (small or large free blocks) the new segment or
   // chunks join.
   block* grow_any_locked(std::size_t rounded, stream_handle stream, pool_id pool, bool small, bool may_stitch);
-  bool uses_expandable(pool_id pool) const { return pool == 0 && expandable_; }
+  // Note [private ranges]: the default pool, and a private pool with neither
+  // its own segment source nor no_split, while expandable segments are on.
+  bool uses_expandable(pool_id pool) const;
 
   // --- expandable segments and stitching (expandable_segments.cpp) ---
-  block* grow_expandable_locked(std::size_t rounded, stream_handle stream, bool small, bool may_stitch);
+  block* grow_expandable_locked(std::size_t rounded, stream_handle stream, pool_id pool, bool small, bool may_stitch);
   bool stitching_wanted_locked(std::size_t chunks, std::size_t rounded) const;
   double allocation_peak_with_locked(std::size_t rounded) const;
   bool stitch_cycle_allows_locked(std::size_t chunks, std::size_t rounded);
   std::pair<std::int64_t, std::size_t> stitch_key_locked(std::size_t rounded) const;
   void count_stitch_locked(std::size_t rounded);
-  placement place_locked(const free_block_index& unmapped, std::size_t rounded, stream_handle stream) const;
-  segment* reserve_range_locked(std::size_t rounded, bool small);
+  placement place_locked(const free_block_index& unmapped, std::size_t rounded, stream_handle stream,
+                         pool_id pool) const;
+  segment* reserve_range_locked(std::size_t rounded, stream_handle stream, pool_id pool, bool small);
+  free_block_index& unmapped_set_locked(pool_id pool, bool small);
   std::size_t steal_idle_chunks_locked(std::size_t wanted, const placement& where, std::vector<physical_handle>* out);
   std::size_t idle_chunks(const block* b) const;
   std::size_t idle_chunks_in(const segment* s, std::uintptr_t from, std::uintptr_t to) const;
@@ -383,7 +390,10 @@ class caching_allocator {
   void insert_unmapped_locked(block* b);
   void refresh_split_count_locked(block* b);
   block* absorb_following_free_locked(block* b);
-  void release_idle_chunks_locked();
+  // Unmaps the idle chunks of free blocks, after a device synchronization:
+  // those of `only`'s ranges, or without it those of the default pool and of
+  // every released private pool (a pool in use keeps its memory).
+  void release_idle_chunks_locked(std::optional<pool_id> only = std::nullopt);
   bool release_range_locked(segment* s);
   void release_ranges_at_exit();
   void snapshot_expandable_locked(const segment* s, allocator_snapshot* out) const;
@@ -432,6 +442,9 @@ class caching_allocator {
   bool release_segment_locked(segment* s);
   bool segment_unused(const segment* s) const;
   bool pool_releasable_locked(pool_id pool) const;
+  // One segment (or range) of `pool` is gone; a released pool's books go
+  // with its last.
+  void forget_pool_segment_locked(pool_id pool);
   free_block_index& pool_for_locked(pool_id pool, bool small);
   const free_block_index& pool_for_locked(pool_id pool, bool small) const;
   template <typename self_type>

@@ -56,6 +56,11 @@ struct allocator_config {
   // chunks at the end of reserved address ranges (when the backend supports
   // virtual memory) instead of allocating separate segments.
   bool expandable_segments = true;
+  // Note [private ranges]: with expandable segments on, private pools (CUDA
+  // graphs, MemPool) grow expandable ranges too, as torch's do under its
+  // expandable_segments:True, which sets this key as well. Off by default:
+  // their layouts are torch's default ones.
+  bool expandable_private_pools = false;
   // Note [stitching]: when no mapped free block fits, idle chunks are moved
   // out of free holes to where the request goes instead of creating more.
   bool stitching = true;
@@ -94,7 +99,8 @@ struct allocator_config {
   // Throws usage_error naming the first field that `next` changes and that
   // cannot change while memory is live (caching_allocator::update_config).
   // Only max_split_bytes, max_non_split_rounding_bytes, the roundup
-  // divisions, garbage_collection_threshold and expandable_segments can.
+  // divisions, garbage_collection_threshold, expandable_segments and
+  // expandable_private_pools can.
   void check_run_time_update(const allocator_config& next) const;
 
   // The valid keys with a one-line description each (README and errors).

@@ -20,6 +20,7 @@ struct pool_checkpoint {
     std::size_t requested_size = 0;  // 0 while free
     stream_handle stream = 0;
     bool allocated = false;
+    bool mapped = true;  // false: an unmapped stretch of an expandable segment
   };
   struct segment_state {
     std::uintptr_t address = 0;
