@@ -48,15 +48,15 @@ std::string joined(const std::vector<std::string>& names) {
   return out;
 }
 
-// The entries of torch's settings that streamalloc shares; with
-// `warn_ignored`, a warning names the keys it ignores.
+// What the entries of torch's settings that streamalloc shares set here;
+// with `warn_ignored`, a warning names the keys it ignores.
 std::string shared_settings_of(const std::string& settings, bool warn_ignored) {
   const allocator_config::torch_settings split = allocator_config::split_torch_settings(settings);
   if (warn_ignored && !split.ignored.empty()) {
     warn("streamalloc ignores these allocator settings of torch's native CUDA allocator: " + joined(split.ignored) +
          ". streamalloc applies " + shared_key_list() + "; its own options are set with STREAMALLOC_CONF.");
   }
-  return split.shared;
+  return split.applied;
 }
 
 }  // namespace

@@ -400,20 +400,23 @@ TEST_CASE("config: torch's settings split into shared entries and ignored keys",
         "pinned_use_cuda_host_register:True,per_process_memory_fraction:0.5,expandable_segments:True,"
         "release_lock_on_cudamalloc:True,garbage_collection_threshold:0.6,max_non_split_rounding_mb:40,"
         "graph_capture_record_stream_reuse:True");
-    // torch's expandable_segments covers its private pools too.
     CHECK(split.shared ==
+          "max_split_size_mb:128,roundup_power2_divisions:[256:1,512:2,>:4],expandable_segments:True,"
+          "garbage_collection_threshold:0.6,max_non_split_rounding_mb:40,graph_capture_record_stream_reuse:True");
+    // torch's expandable_segments covers its private pools too.
+    CHECK(split.applied ==
           "max_split_size_mb:128,roundup_power2_divisions:[256:1,512:2,>:4],expandable_segments:True,"
           "expandable_private_pools:True,garbage_collection_threshold:0.6,max_non_split_rounding_mb:40,"
           "graph_capture_record_stream_reuse:True");
     CHECK(split.ignored == std::vector<std::string>{"backend", "release_lock_on_cudamalloc"});
     // Every shared key is one of streamalloc's own, so the entries apply.
-    const allocator_config c = allocator_config::parse(split.shared);
+    const allocator_config c = allocator_config::parse(split.applied);
     CHECK(c.max_split_bytes == 128_MiB);
     CHECK(c.roundup_divisions_for(300_MiB) == 1);
     CHECK(c.max_non_split_rounding_bytes == 40_MiB);
     CHECK(c.graph_capture_record_stream_reuse);
     CHECK(c.expandable_private_pools);
-    CHECK_FALSE(allocator_config::parse(allocator_config::split_torch_settings("expandable_segments:False").shared)
+    CHECK_FALSE(allocator_config::parse(allocator_config::split_torch_settings("expandable_segments:False").applied)
                     .expandable_private_pools);
   }
   SECTION("malformed text is a config error") {

@@ -52,7 +52,7 @@ void route(sim_fixture& f, pool_id pool, stream_handle stream) {
 TEST_CASE("private ranges: off by default, on with expandable_private_pools or torch's key", "[private_pool][expandable]") {
   for (const auto& [config, expandable] :
        {std::pair{allocator_config{}, false}, std::pair{private_ranges(), true},
-        std::pair{allocator_config::parse(allocator_config::split_torch_settings("expandable_segments:True").shared),
+        std::pair{allocator_config::parse(allocator_config::split_torch_settings("expandable_segments:True").applied),
                   true}}) {
     sim_fixture f(vmm_device(), config);
     void* outside = f.alloc.allocate(3_MiB, f.s2);

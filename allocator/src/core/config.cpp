@@ -511,10 +511,12 @@ allocator_config::torch_settings allocator_config::split_torch_settings(const st
     const bool shared = std::any_of(std::begin(k_torch_shared_keys), std::end(k_torch_shared_keys),
                                     [key = key](const char* k) { return key == k; });
     if (shared) {
-      out.shared += std::string(out.shared.empty() ? "" : ",") + std::string(key) + ":" + std::string(value);
+      const std::string entry = std::string(key) + ":" + std::string(value);
+      out.shared += (out.shared.empty() ? "" : ",") + entry;
+      out.applied += (out.applied.empty() ? "" : ",") + entry;
       // torch's expandable segments cover its private pools too (Note
       // [private ranges]).
-      if (key == "expandable_segments") out.shared += ",expandable_private_pools:" + std::string(value);
+      if (key == "expandable_segments") out.applied += ",expandable_private_pools:" + std::string(value);
     } else if (key.rfind("pinned_", 0) != 0 && key != "per_process_memory_fraction") {
       out.ignored.emplace_back(key);
     }

@@ -122,8 +122,12 @@ struct allocator_config {
   // (torch's pinned host allocator stays torch's) and
   // per_process_memory_fraction (applied as each device's memory fraction
   // when its allocator is created). Throws config_error for malformed text.
+  // `applied`: what `shared` sets here, in this syntax: its entries, and
+  // expandable_private_pools beside torch's expandable_segments (Note
+  // [private ranges]).
   struct torch_settings {
     std::string shared;
+    std::string applied;
     std::vector<std::string> ignored;
   };
   static torch_settings split_torch_settings(const std::string& text);
