@@ -3,7 +3,8 @@
 // class on several streams, frees (valid and invalid), stream uses, event
 // completion, empty_cache, memory fractions, private pools (captures,
 // MemPools with use_on_oom and no_split, emptying one pool, checkpoints and
-// their restore) and injected device faults. After every operation the
+// their restore, in plain segments or expandable ranges) and injected
+// device faults. After every operation the
 // invariant validator runs and the stats must equal an independent recount
 // from the snapshot.
 #include <cstddef>
@@ -81,6 +82,7 @@ allocator_config decode_config(byte_reader& in) {
   if (flags & 16) config.memory_fraction = 0.5;
   if (flags & 32) config.expandable_segments = false;  // the device has virtual memory: default on
   if (flags & 64) config.stitching = false;
+  if (flags & 128) config.expandable_private_pools = true;  // Note [private ranges]
   return config;
 }
 

@@ -203,6 +203,24 @@ def test_config_takes_the_keys_torchs_variable_shares_beneath_its_own(config_lib
     assert "max_split_size_mb:64," in streamalloc.config()
 
 
+def test_torchs_expandable_segments_cover_private_pools(config_library, monkeypatch):
+    # torch's expandable segments reach its CUDA-graph and MemPool pools, so
+    # its key sets streamalloc's expandable_private_pools too, beneath
+    # STREAMALLOC_CONF.
+    monkeypatch.setitem(sys.modules, "torch", None)
+    monkeypatch.delenv("PYTORCH_ALLOC_CONF", raising=False)
+    monkeypatch.delenv("STREAMALLOC_CONF", raising=False)
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    assert "expandable_segments:True,expandable_private_pools:False," in streamalloc.config()
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    assert "expandable_segments:True,expandable_private_pools:True," in streamalloc.config()
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:False")
+    assert "expandable_segments:False,expandable_private_pools:False," in streamalloc.config()
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    monkeypatch.setenv("STREAMALLOC_CONF", "expandable_private_pools:False")
+    assert "expandable_segments:True,expandable_private_pools:False," in streamalloc.config()
+
+
 def test_config_names_a_bad_key_without_torch(config_library, monkeypatch):
     monkeypatch.setitem(sys.modules, "torch", None)
     monkeypatch.setenv("STREAMALLOC_CONF", "max_split_size:256")

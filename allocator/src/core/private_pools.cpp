@@ -354,12 +354,16 @@ void caching_allocator::rebuild_segment_locked(segment* s, const pool_checkpoint
       continue;
     }
     // Note [private ranges]: chunks mapped since the checkpoint stay mapped,
-    // free, of the range's stream.
+    // free, of the range's stream. One piece per run of chunks mapped or not.
     const expandable_range& range = *s->range;
-    const std::size_t chunk = range.chunk_bytes();
-    for (std::uintptr_t at = recorded.address; at < recorded.address + recorded.size; at += chunk) {
-      const bool mapped = range.chunk(range.slot_of(at)) != 0;
-      append({at, chunk, 0, mapped ? s->stream : 0, false, mapped});
+    const std::size_t end = range.slot_of(recorded.address + recorded.size - 1) + 1;
+    for (std::size_t slot = range.slot_of(recorded.address); slot < end;) {
+      const bool mapped = range.chunk(slot) != 0;
+      std::size_t next = slot + 1;
+      while (next < end && (range.chunk(next) != 0) == mapped) ++next;
+      append({range.address() + slot * range.chunk_bytes(), (next - slot) * range.chunk_bytes(), 0,
+              mapped ? s->stream : 0, false, mapped});
+      slot = next;
     }
   }
   // Both loops need the whole list: a free block's inactive_split status
