@@ -1,6 +1,7 @@
 // Settings changed while memory is live (torch.cuda.memory.
 // _set_allocator_settings): each run-time key on one allocator, expandable
-// segments switched off and on with live blocks of both kinds, refused
+// segments switched off and on with live blocks of both kinds, private
+// pools' ranges switched on and off with a live pool, refused
 // fields and chunk sizes leaving everything as it was, device_allocators
 // applying a change to every device (or to none), and changes racing with
 // allocations.
@@ -170,6 +171,39 @@ TEST_CASE("update_config: expandable segments switched on with live plain blocks
   f.alloc.empty_cache();
   CHECK(f.sim.used_bytes() == 0);
   CHECK(f.sim.live_chunks() == 0);
+  f.check_consistent();
+}
+
+TEST_CASE("update_config: private ranges switched on and off with a live pool", "[update_config][private_pool]") {
+  sim_fixture f(vmm_device());
+  const auto captured = [&](std::size_t bytes) {
+    f.alloc.begin_allocate_to_pool(4, [&](stream_handle s) { return s == f.s1; });
+    void* p = f.alloc.allocate(bytes, f.s1);
+    f.alloc.end_allocate_to_pool(4);
+    return p;
+  };
+  void* plain = captured(3_MiB);
+  CHECK_FALSE(expandable_at(f, plain));
+
+  // torch's key, as _set_allocator_settings passes it on.
+  f.alloc.update_config(f.alloc.config().with(allocator_config::split_torch_settings("expandable_segments:True").applied));
+  CHECK(f.alloc.config().expandable_private_pools);
+  void* ranged = captured(30_MiB);  // more than the plain segment's remainder
+  CHECK(expandable_at(f, ranged));
+  f.check_consistent();
+
+  // Off again: growth is plain; the range's blocks live on.
+  apply(f.alloc, "expandable_private_pools:False");
+  void* again = captured(30_MiB);
+  CHECK_FALSE(expandable_at(f, again));
+  CHECK(expandable_at(f, ranged));
+  f.check_consistent();
+
+  for (void* p : {plain, ranged, again}) f.alloc.free(p);
+  for (int use = 0; use < 3; ++use) f.alloc.release_pool(4);
+  f.alloc.empty_cache();
+  CHECK(f.sim.used_bytes() == 0);
+  CHECK(f.sim.live_ranges() == 0);
   f.check_consistent();
 }
 
