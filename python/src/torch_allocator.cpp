@@ -568,8 +568,9 @@ void* torch_allocator::getBaseAllocation(void* ptr, std::size_t* size) {
   });
 }
 
-// Per stream and pool kind, the mapped bytes of the default pool's
-// expandable segments (torch reports its expandable segments' sizes).
+// Per stream and pool kind, the mapped bytes of expandable segments, the
+// default pool's and private pools' (Note [private ranges]) alike, as torch
+// reports its expandable segments' sizes.
 std::vector<cca::StreamSegmentSize> torch_allocator::getExpandableSegmentSizes(c10::DeviceIndex device) {
   return guarded([&] {
     std::map<std::pair<stream_handle, bool>, std::size_t> sizes;
