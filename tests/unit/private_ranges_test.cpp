@@ -1,7 +1,7 @@
 // Private pools with expandable ranges (Note [private ranges]): off by
 // default, on with expandable_private_pools (which torch's
 // expandable_segments key sets); one range per pool and stream, grown by
-// torch's segment sizes; checkpoints restored after a range grew; the
+// torch's segment sizes, leaving torch's layouts; checkpoints restored after a range grew; the
 // chunks kept while the pool is in use and returned once it is released.
 // The layouts asserted are those torch 2.11's allocator gave with
 // expandable_segments:True on the H200 (bench/RESULTS.md, forty-third
@@ -118,6 +118,40 @@ TEST_CASE("private ranges: one range per stream, grown by torch's segment sizes"
   for (void* p : {a, tiny, b, c, d}) f.alloc.free(p);
   f.alloc.release_pool(7);
   f.check_consistent();
+}
+
+TEST_CASE("private ranges: torch's capture sequence leaves torch's pool layout", "[private_pool][expandable]") {
+  // torch's test_graph_memory_stats sequence in a capture: b = a.clone(),
+  // then five times b = b.clone() + 1 (the clone freed after the add, the
+  // old b after that). With expandable_segments:True torch 2.11 left the
+  // pool as 2N free, the live N, the rest free, in a range of `mapped`
+  // bytes (bench/RESULTS.md, forty-third session, on the H200).
+  const struct {
+    std::size_t bytes;
+    std::size_t mapped;
+  } cases[] = {{512, 2_MiB},          {1_MiB, 4_MiB},           {1_MiB + 512, 20_MiB}, {2_MiB, 20_MiB},
+               {10_MiB - 512, 40_MiB}, {10_MiB + 512, 40_MiB}, {32_MiB, 100_MiB}};
+  for (const auto& c : cases) {
+    CAPTURE(c.bytes);
+    sim_fixture f(vmm_device(), private_ranges());
+    void* a = f.alloc.allocate(c.bytes, f.s1);
+    route(f, 3, f.s1);
+    void* b = f.alloc.allocate(c.bytes, f.s1);
+    for (int step = 0; step < 5; ++step) {
+      void* cloned = f.alloc.allocate(c.bytes, f.s1);
+      void* added = f.alloc.allocate(c.bytes, f.s1);
+      f.alloc.free(cloned);
+      f.alloc.free(b);
+      b = added;
+    }
+    f.alloc.end_allocate_to_pool(3);
+    const std::size_t n = c.bytes;  // a multiple of 512 already
+    CHECK(pool_layout(f, 3) == layout{{{2 * n, false}, {n, true}, {c.mapped - 3 * n, false}}});
+    f.check_consistent();
+    f.alloc.free(b);
+    f.alloc.free(a);
+    f.alloc.release_pool(3);
+  }
 }
 
 TEST_CASE("private ranges: a checkpoint restored after its range grew", "[private_pool][expandable]") {
