@@ -358,8 +358,9 @@ class caching_allocator {
   // `small`: the pool (small or large free blocks) the new segment or
   // chunks join.
   block* grow_any_locked(std::size_t rounded, stream_handle stream, pool_id pool, bool small, bool may_stitch);
-  // Note [private ranges]: the default pool, and a private pool with neither
-  // its own segment source nor no_split, while expandable segments are on.
+  // While expandable segments are on: the default pool, and with
+  // expandable_private_pools a private pool with neither its own segment
+  // source nor no_split (Note [private ranges]).
   bool uses_expandable(pool_id pool) const;
 
   // --- expandable segments and stitching (expandable_segments.cpp) ---
@@ -574,7 +575,7 @@ class caching_allocator {
   std::size_t chunk_bytes_ = 0;
   std::size_t range_bytes_ = 0;  // address space reserved per range (Note [address space])
   std::vector<int> peers_;
-  pool_pair unmapped_{&set_nodes_, config_.min_block_bytes};
+  pool_pair unmapped_{&set_nodes_, config_.min_block_bytes};  // the default pool's ranges' unmapped blocks
   // Note [stitch cycles]: how many separate runs each stitch (a request
   // size at a level of allocated memory) has made, and the last stitch's.
   struct stitch_count {
