@@ -179,6 +179,8 @@ struct key_handler {
   std::size_t unit = 0;
   const char* unit_name = nullptr;
   const char* field_name = nullptr;
+  // A True/False key stored in `bool_field` needs no apply or render either.
+  bool allocator_config::*bool_field = nullptr;
 };
 
 constexpr key_handler size_key(const char* key, const char* description, std::size_t allocator_config::*field,
@@ -186,14 +188,24 @@ constexpr key_handler size_key(const char* key, const char* description, std::si
   return {key, description, nullptr, nullptr, field, unit, unit_name, field_name};
 }
 
+constexpr key_handler bool_key(const char* key, const char* description, bool allocator_config::*field) {
+  return {key, description, nullptr, nullptr, nullptr, 0, nullptr, nullptr, field};
+}
+
 void apply_key(const key_handler& h, allocator_config& config, std::string_view value) {
-  if (h.size_field == nullptr) return h.apply(config, value);
-  config.*h.size_field = parse_positive_size(h.key, value, h.unit, h.unit_name);
+  if (h.bool_field != nullptr) {
+    config.*h.bool_field = parse_bool(h.key, value);
+  } else if (h.size_field != nullptr) {
+    config.*h.size_field = parse_positive_size(h.key, value, h.unit, h.unit_name);
+  } else {
+    h.apply(config, value);
+  }
 }
 
 std::string render_key(const key_handler& h, const allocator_config& config) {
-  if (h.size_field == nullptr) return h.render(config);
-  return render_scaled(config.*h.size_field, h.unit, h.field_name, h.key, h.unit_name);
+  if (h.bool_field != nullptr) return config.*h.bool_field ? "True" : "False";
+  if (h.size_field != nullptr) return render_scaled(config.*h.size_field, h.unit, h.field_name, h.key, h.unit_name);
+  return h.render(config);
 }
 
 constexpr key_handler k_handlers[] = {
@@ -268,19 +280,15 @@ constexpr key_handler k_handlers[] = {
        return c.roundup_power2_intervals.empty() ? std::to_string(c.roundup_power2_divisions)
                                                  : render_roundup_intervals(c.roundup_power2_intervals);
      }},
-    {"cross_stream_reuse",
-     "True lets a free block cached for one stream serve another stream after an event wait, instead of "
-     "growing (default True).",
-     [](allocator_config& c, std::string_view v) { c.cross_stream_reuse = parse_bool("cross_stream_reuse", v); },
-     [](const allocator_config& c) { return std::string(c.cross_stream_reuse ? "True" : "False"); }},
-    {"graph_capture_record_stream_reuse",
-     "PyTorch's key: True lets a block freed during a CUDA graph capture while other captured streams use it "
-     "(record_stream) be reused in the same capture once the graph orders those uses first, instead of after "
-     "the capture (default False).",
-     [](allocator_config& c, std::string_view v) {
-       c.graph_capture_record_stream_reuse = parse_bool("graph_capture_record_stream_reuse", v);
-     },
-     [](const allocator_config& c) { return std::string(c.graph_capture_record_stream_reuse ? "True" : "False"); }},
+    bool_key("cross_stream_reuse",
+             "True lets a free block cached for one stream serve another stream after an event wait, instead of "
+             "growing (default True).",
+             &allocator_config::cross_stream_reuse),
+    bool_key("graph_capture_record_stream_reuse",
+             "PyTorch's key: True lets a block freed during a CUDA graph capture while other captured streams use it "
+             "(record_stream) be reused in the same capture once the graph orders those uses first, instead of after "
+             "the capture (default False).",
+             &allocator_config::graph_capture_record_stream_reuse),
     {"memory_fraction", "Caps reserved memory at this fraction of device memory, 0 <= x <= 1 (default 1; 0 reserves nothing).",
      [](allocator_config& c, std::string_view v) {
        const double x = parse_real("memory_fraction", v, "in [0, 1]");
@@ -297,25 +305,20 @@ constexpr key_handler k_handlers[] = {
        c.garbage_collection_threshold = x;
      },
      [](const allocator_config& c) { return render_real(c.garbage_collection_threshold); }},
-    {"expandable_segments",
-     "PyTorch's key: the default pool maps physical chunks into large reserved address ranges that grow in "
-     "place, where the device supports virtual memory; False = one cudaMalloc per segment (default True).",
-     [](allocator_config& c, std::string_view v) { c.expandable_segments = parse_bool("expandable_segments", v); },
-     [](const allocator_config& c) { return std::string(c.expandable_segments ? "True" : "False"); }},
-    {"expandable_private_pools",
-     "With expandable segments: private pools (CUDA graphs, MemPool) grow expandable ranges too, one per "
-     "stream, by torch's segment sizes; torch's expandable_segments key sets it with expandable_segments "
-     "(default False: plain segments, torch's default layouts).",
-     [](allocator_config& c, std::string_view v) {
-       c.expandable_private_pools = parse_bool("expandable_private_pools", v);
-     },
-     [](const allocator_config& c) { return std::string(c.expandable_private_pools ? "True" : "False"); }},
-    {"stitching",
-     "With expandable segments: when no mapped free block fits, move idle chunks out of free holes to serve "
-     "the request instead of mapping new memory; while other threads wait for the allocator, only what the "
-     "device cannot give (default True).",
-     [](allocator_config& c, std::string_view v) { c.stitching = parse_bool("stitching", v); },
-     [](const allocator_config& c) { return std::string(c.stitching ? "True" : "False"); }},
+    bool_key("expandable_segments",
+             "PyTorch's key: the default pool maps physical chunks into large reserved address ranges that grow in "
+             "place, where the device supports virtual memory; False = one cudaMalloc per segment (default True).",
+             &allocator_config::expandable_segments),
+    bool_key("expandable_private_pools",
+             "With expandable segments: private pools (CUDA graphs, MemPool) grow expandable ranges too, one per "
+             "stream, by torch's segment sizes; torch's expandable_segments key sets it with expandable_segments "
+             "(default False: plain segments, torch's default layouts).",
+             &allocator_config::expandable_private_pools),
+    bool_key("stitching",
+             "With expandable segments: when no mapped free block fits, move idle chunks out of free holes to serve "
+             "the request instead of mapping new memory; while other threads wait for the allocator, only what the "
+             "device cannot give (default True).",
+             &allocator_config::stitching),
     {"stitch_slack",
      "With stitching: expandable segments simply grow while reserved memory stays within this fraction "
      "above the peak of allocated memory; beyond it idle chunks are stitched. 0 <= x <= 1 (default 0.005).",
