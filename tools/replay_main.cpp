@@ -47,6 +47,8 @@ constexpr const char* k_version = STREAMALLOC_VERSION;
 // MiB; its datasheet's "141 GB" is rounded): a trace a program made on one
 // fits.
 constexpr std::size_t k_default_capacity_bytes = std::size_t{143771} << 20;
+// The virtual-memory granularity of current NVIDIA GPUs.
+constexpr std::size_t k_default_granularity_bytes = std::size_t{2} << 20;
 // Unreadable or inconsistent trace, out of memory, no GPU, unwritable
 // --timeline file; with --all, any trace that could not be replayed.
 constexpr int k_exit_failure = 1;
@@ -62,6 +64,8 @@ struct options {
   std::string backend = "sim";
   std::size_t capacity_bytes = k_default_capacity_bytes;
   bool capacity_given = false;
+  std::size_t granularity_bytes = k_default_granularity_bytes;
+  bool granularity_given = false;
   std::string conf;
   std::string timeline;
   bool peak_anatomy = false;
@@ -102,6 +106,12 @@ void print_help() {
       "                    memory as nvidia-smi gives it). Suffixes: K M G T\n"
       "                    (powers of 1000, also KB MB GB TB), KiB MiB GiB TiB.\n"
       "                    Ignored with --backend cuda\n"
+      "  --granularity BYTES  the simulated device's virtual-memory granularity,\n"
+      "                    default 2MiB (current GPUs'): a power of two that\n"
+      "                    vmm_chunk_mb must be a multiple of, to see what another\n"
+      "                    chunk size would give (e.g. 1MiB with --conf\n"
+      "                    vmm_chunk_mb:1). Suffixes as for --capacity. Ignored\n"
+      "                    with --backend cuda\n"
       "  --timeline FILE   after the timed replay, replay again on a fresh allocator\n"
       "                    and write CSV `op,allocated_bytes,reserved_bytes` after\n"
       "                    every allocate/free (for scripts/plot_replay.py). FILE is\n"
@@ -131,10 +141,11 @@ void print_help() {
       "that cannot be written, 2 bad command line or settings.\n");
 }
 
-std::size_t parse_capacity(const std::string& text) {
+// A byte count with an optional unit, for `option`.
+std::size_t parse_bytes(const std::string& option, const std::string& text) {
   std::size_t digits = 0;
   while (digits < text.size() && std::isdigit(static_cast<unsigned char>(text[digits]))) ++digits;
-  if (digits == 0) throw usage_failure("--capacity '" + text + "': expected a byte count such as 141G or 80GiB");
+  if (digits == 0) throw usage_failure(option + " '" + text + "': expected a byte count such as 141G or 80GiB");
   std::string suffix;
   for (std::size_t i = digits; i < text.size(); ++i) {
     suffix += static_cast<char>(std::tolower(static_cast<unsigned char>(text[i])));
@@ -164,18 +175,18 @@ std::size_t parse_capacity(const std::string& text) {
     if (suffix == u.suffix) found = &u;
   }
   if (found == nullptr) {
-    throw usage_failure("--capacity '" + text + "': unknown unit '" + text.substr(digits) +
+    throw usage_failure(option + " '" + text + "': unknown unit '" + text.substr(digits) +
                         "' (use K, M, G, T, KiB, MiB, GiB or TiB)");
   }
   constexpr std::size_t k_max = std::numeric_limits<std::size_t>::max();
   std::size_t count = 0;
   for (std::size_t i = 0; i < digits; ++i) {
     const auto digit = static_cast<std::size_t>(text[i] - '0');
-    if (count > (k_max - digit) / 10) throw usage_failure("--capacity '" + text + "': too large");
+    if (count > (k_max - digit) / 10) throw usage_failure(option + " '" + text + "': too large");
     count = count * 10 + digit;
   }
-  if (count > k_max / found->bytes) throw usage_failure("--capacity '" + text + "': too large");
-  if (count == 0) throw usage_failure("--capacity '" + text + "': must be more than 0 bytes");
+  if (count > k_max / found->bytes) throw usage_failure(option + " '" + text + "': too large");
+  if (count == 0) throw usage_failure(option + " '" + text + "': must be more than 0 bytes");
   return count * found->bytes;
 }
 
@@ -213,8 +224,15 @@ options parse_options(int argc, char** argv) {
     } else if (arg == "--backend") {
       opts.backend = take_value();
     } else if (arg == "--capacity") {
-      opts.capacity_bytes = parse_capacity(take_value());
+      opts.capacity_bytes = parse_bytes(arg, take_value());
       opts.capacity_given = true;
+    } else if (arg == "--granularity") {
+      const std::string text = take_value();
+      opts.granularity_bytes = parse_bytes(arg, text);
+      if ((opts.granularity_bytes & (opts.granularity_bytes - 1)) != 0) {
+        throw usage_failure(arg + " '" + text + "': must be a power of two");
+      }
+      opts.granularity_given = true;
     } else if (arg == "--timeline") {
       opts.timeline = take_value();
       if (opts.timeline.empty()) throw usage_failure("--timeline needs a file name");
@@ -331,7 +349,8 @@ void print_json(const options& opts, const allocator_config& config, const repla
   w.begin_object();
   w.key("tool").value(k_program).key("version").value(k_version);
   w.key("trace").value(opts.trace).key("backend").value(opts.backend);
-  w.key("capacity_bytes").value(opts.capacity_bytes).key("config").value(config.to_string());
+  w.key("capacity_bytes").value(opts.capacity_bytes).key("granularity_bytes").value(opts.granularity_bytes);
+  w.key("config").value(config.to_string());
   json_members(w, r);
   if (anatomy != nullptr) json_anatomy(w, *anatomy);
   w.end_object();
@@ -466,8 +485,9 @@ void print_table(const options& opts, const allocator_config& config, const repl
     std::printf("frees     at free_requested (the trace has no free_completed line): %llu\n",
                 static_cast<unsigned long long>(r.frees_at_requests));
   }
-  std::printf("device    %s (%s), capacity %s\n", opts.backend.c_str(), device_label(opts.backend).c_str(),
-              bytes_cell(opts.capacity_bytes).c_str());
+  std::printf("device    %s (%s), capacity %s, granularity %s\n", opts.backend.c_str(),
+              device_label(opts.backend).c_str(), bytes_cell(opts.capacity_bytes).c_str(),
+              bytes_cell(opts.granularity_bytes).c_str());
   std::printf("config    %s\n\n", config.to_string().c_str());
 
   constexpr const char* k_row = "%-19s %-32s %s\n";
@@ -566,12 +586,14 @@ struct replay_device {
 };
 
 // Opens the device of --backend. On a GPU the trace's streams are remapped
-// to created streams and opts->capacity_bytes becomes the GPU's memory size.
+// to created streams, and opts->capacity_bytes and granularity_bytes become
+// the GPU's memory size and virtual-memory granularity.
 replay_device open_device(options* opts, std::vector<trace_file_event>& events) {
   replay_device device;
   if (opts->backend == "sim") {
     sim_config sim;
     sim.capacity_bytes = opts->capacity_bytes;
+    sim.vm_granularity_bytes = opts->granularity_bytes;
     sim.events_complete_immediately = true;
     auto backend = std::make_unique<sim_backend>(sim);
     remap_streams_to_sim(events, *backend);
@@ -583,6 +605,8 @@ replay_device open_device(options* opts, std::vector<trace_file_event>& events) 
   device.backend = make_cuda_backend(0, &error);
   if (device.backend == nullptr) throw device_failure("--backend cuda: " + error.message());
   if (opts->capacity_given) std::fprintf(stderr, "%s: --capacity is ignored with --backend cuda\n", k_program);
+  if (opts->granularity_given) std::fprintf(stderr, "%s: --granularity is ignored with --backend cuda\n", k_program);
+  opts->granularity_bytes = device.backend->vm_granularity();
   device_memory_info info;
   const status st = device.backend->memory_info(&info);
   if (!st) throw device_failure("--backend cuda: " + st.message());
@@ -706,14 +730,14 @@ void keep_loading_figures(replay_result& loaded, replay_result* result) {
   result->frees_at_requests = loaded.frees_at_requests;
 }
 
-// Loads and replays `path` on a fresh device; *capacity_bytes becomes the
-// device's size (the GPU's with --backend cuda).
-replay_result replay_one(options opts, const std::string& path, const allocator_config& config,
-                         std::size_t* capacity_bytes) {
+// Loads and replays `path` on a fresh device; *shown takes the device's size
+// and granularity (the GPU's with --backend cuda).
+replay_result replay_one(options opts, const std::string& path, const allocator_config& config, options* shown) {
   replay_result loaded;
   std::vector<trace_file_event> events = load_for_replay(path, &loaded);
   const replay_device device = open_device(&opts, events);
-  *capacity_bytes = opts.capacity_bytes;
+  shown->capacity_bytes = opts.capacity_bytes;
+  shown->granularity_bytes = opts.granularity_bytes;
   caching_allocator allocator(*device.backend, config);
   replay_result result = replay_trace(events, allocator, path);
   keep_loading_figures(loaded, &result);
@@ -831,8 +855,9 @@ corpus_summary summarize(const std::vector<trace_outcome>& traces) {
 void print_all_table(const options& opts, const allocator_config& config, const std::vector<trace_outcome>& traces,
                      const corpus_summary& s) {
   std::printf("folder    %s: %zu traces\n", opts.all_dir.c_str(), traces.size());
-  std::printf("device    %s (%s), capacity %s, a fresh one for each trace\n", opts.backend.c_str(),
-              device_label(opts.backend).c_str(), bytes_cell(opts.capacity_bytes).c_str());
+  std::printf("device    %s (%s), capacity %s, granularity %s, a fresh one for each trace\n",
+              opts.backend.c_str(), device_label(opts.backend).c_str(), bytes_cell(opts.capacity_bytes).c_str(),
+              bytes_cell(opts.granularity_bytes).c_str());
   std::printf("config    %s\n\n", config.to_string().c_str());
 
   std::size_t name_width = 5;
@@ -896,7 +921,8 @@ void print_all_json(const options& opts, const allocator_config& config, const s
   w.begin_object();
   w.key("tool").value(k_program).key("version").value(k_version);
   w.key("dir").value(opts.all_dir).key("backend").value(opts.backend);
-  w.key("capacity_bytes").value(opts.capacity_bytes).key("config").value(config.to_string());
+  w.key("capacity_bytes").value(opts.capacity_bytes).key("granularity_bytes").value(opts.granularity_bytes);
+  w.key("config").value(config.to_string());
   w.newline().key("traces").begin_array();
   for (const trace_outcome& t : traces) {
     w.newline().begin_object();
@@ -938,10 +964,10 @@ int replay_all(const options& opts, const allocator_config& config) {
   if (traces.empty()) {
     return fail(k_exit_failure, "--all " + opts.all_dir + ": no trace files (*.csv or *.csv.gz) in the folder");
   }
-  options shown = opts;  // with --backend cuda, the GPU's size in the heading
+  options shown = opts;  // with --backend cuda, the GPU's size and granularity in the heading
   for (trace_outcome& t : traces) {
     try {
-      t.result = replay_one(opts, t.path, config, &shown.capacity_bytes);
+      t.result = replay_one(opts, t.path, config, &shown);
     } catch (const std::exception& e) {
       t.error = e.what();
     }

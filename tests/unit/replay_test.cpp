@@ -508,6 +508,25 @@ TEST_CASE("streamalloc-replay options and exit codes", "[replay][tool]") {
     CHECK(smaller.exit_code == 1);
     CHECK(smaller.output.find("out of memory") != std::string::npos);
   }
+  SECTION("--granularity sets the simulated device's, which vmm_chunk_mb must fit") {
+    // 3 MiB live: two 2 MiB chunks by default, three 1 MiB ones at 1 MiB.
+    const std::string three = quote(dir.write("three.csv", "action,addr,size,stream\nalloc,4096,3145728,0\n"
+                                                           "free_completed,4096,3145728,0\n"));
+    const command_result plain = run_replay("--json " + three);
+    INFO(plain.output);
+    CHECK(plain.exit_code == 0);
+    CHECK(json_value(plain.output, "granularity_bytes") == "2097152");
+    CHECK(json_value(plain.output, "peak_reserved_bytes") == "4194304");
+    const command_result finer = run_replay("--json --granularity 1MiB --conf vmm_chunk_mb:1 " + three);
+    INFO(finer.output);
+    CHECK(finer.exit_code == 0);
+    CHECK(json_value(finer.output, "granularity_bytes") == "1048576");
+    CHECK(json_value(finer.output, "peak_reserved_bytes") == "3145728");
+    const command_result coarser = run_replay("--granularity 4MiB " + three);
+    INFO(coarser.output);
+    CHECK(coarser.exit_code == 1);
+    CHECK(coarser.output.find("must be a multiple of device 0's virtual-memory granularity") != std::string::npos);
+  }
   SECTION("--conf applies allocator settings") {
     const command_result run = run_replay("--json --conf max_split_size_mb:64 " + trace);
     INFO(run.output);
@@ -518,7 +537,7 @@ TEST_CASE("streamalloc-replay options and exit codes", "[replay][tool]") {
     for (const std::string& arguments :
          {std::string(""), "--bogus " + trace, "--capacity 12X " + trace, "--capacity 0 " + trace,
           "--capacity " + trace, "--backend tpu " + trace, "--conf no_such_key:1 " + trace, trace + " " + trace,
-          "--json=yes " + trace}) {
+          "--json=yes " + trace, "--granularity 3M " + trace, "--granularity 0 " + trace}) {
       const command_result run = run_replay(arguments);
       INFO("arguments: " << arguments << "\n" << run.output);
       CHECK(run.exit_code == 2);
