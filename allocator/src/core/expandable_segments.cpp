@@ -207,6 +207,7 @@
 #include <algorithm>
 #include <limits>
 #include <string>
+#include <utility>
 
 #include "streamalloc/core/block_list.hpp"
 #include "streamalloc/core/caching_allocator.hpp"
@@ -256,9 +257,13 @@ bool caching_allocator::uses_expandable(pool_id pool) const {
   return it != private_pools_.end() && it->second.source == nullptr && !it->second.no_split;
 }
 
-free_block_index& caching_allocator::unmapped_set_locked(pool_id pool, bool small) {
-  pool_pair& sets = pool == 0 ? unmapped_ : private_pools_.find(pool)->second.unmapped;
+const free_block_index& caching_allocator::unmapped_set_locked(pool_id pool, bool small) const {
+  const pool_pair& sets = pool == 0 ? unmapped_ : private_pools_.find(pool)->second.unmapped;
   return small ? sets.small : sets.large;
+}
+
+free_block_index& caching_allocator::unmapped_set_locked(pool_id pool, bool small) {
+  return const_cast<free_block_index&>(std::as_const(*this).unmapped_set_locked(pool, small));
 }
 
 block* caching_allocator::grow_expandable_locked(std::size_t rounded, stream_handle stream, pool_id pool, bool small,
@@ -859,8 +864,7 @@ void caching_allocator::validate_expandable_locked(const segment* s, std::vector
   const expandable_range& range = *s->range;
   const std::size_t chunk = range.chunk_bytes();
   if (range.address() != s->address || range.size() != s->size) fail("a range and its segment disagree on their bounds");
-  const pool_pair& unmapped = s->pool == 0 ? unmapped_ : private_pools_.find(s->pool)->second.unmapped;
-  if (s->unmapped_set != (s->is_small ? &unmapped.small : &unmapped.large)) fail("a range points at another pool's unmapped set");
+  if (s->unmapped_set != &unmapped_set_locked(s->pool, s->is_small)) fail("a range points at another pool's unmapped set");
   std::vector<bool> touched(range.slots(), false);
   std::size_t unmapped_blocks = 0;
   for (const block* b = s->first; b != nullptr; b = b->next) {

@@ -373,7 +373,9 @@ class caching_allocator {
   placement place_locked(const free_block_index& unmapped, std::size_t rounded, stream_handle stream,
                          pool_id pool) const;
   segment* reserve_range_locked(std::size_t rounded, stream_handle stream, pool_id pool, bool small);
+  // The set of `pool`'s unmapped blocks of one kind (Note [private ranges]).
   free_block_index& unmapped_set_locked(pool_id pool, bool small);
+  const free_block_index& unmapped_set_locked(pool_id pool, bool small) const;
   std::size_t steal_idle_chunks_locked(std::size_t wanted, const placement& where, std::vector<physical_handle>* out);
   std::size_t idle_chunks(const block* b) const;
   std::size_t idle_chunks_in(const segment* s, std::uintptr_t from, std::uintptr_t to) const;
