@@ -61,8 +61,8 @@ int streamalloc_config_resolve(const char* torch_settings, const char* text, con
   thread_local std::string answer;
   const auto string_of = [](const char* c) { return c == nullptr ? std::string() : std::string(c); };
   try {
-    const std::string shared = allocator_config::split_torch_settings(string_of(torch_settings)).applied;
-    answer = allocator_config::parse(shared).with(string_of(text)).to_string();
+    const std::string from_torch = allocator_config::split_torch_settings(string_of(torch_settings)).applied;
+    answer = allocator_config::parse(from_torch).with(string_of(text)).to_string();
     *result = answer.c_str();
     return 0;
   } catch (const std::exception& e) {

@@ -50,7 +50,7 @@ std::string joined(const std::vector<std::string>& names) {
 
 // What the entries of torch's settings that streamalloc shares set here;
 // with `warn_ignored`, a warning names the keys it ignores.
-std::string shared_settings_of(const std::string& settings, bool warn_ignored) {
+std::string applied_settings_of(const std::string& settings, bool warn_ignored) {
   const allocator_config::torch_settings split = allocator_config::split_torch_settings(settings);
   if (warn_ignored && !split.ignored.empty()) {
     warn("streamalloc ignores these allocator settings of torch's native CUDA allocator: " + joined(split.ignored) +
@@ -62,11 +62,11 @@ std::string shared_settings_of(const std::string& settings, bool warn_ignored) {
 }  // namespace
 
 void apply_torch_allocator_settings(const std::string& settings) {
-  const std::string shared = shared_settings_of(settings, true);
+  const std::string applied = applied_settings_of(settings, true);
   // Like torch, every call starts from the settings before any call: a key
   // it does not name returns to its value at installation.
   static const allocator_config* const installed = new allocator_config(process_allocator_config());
-  const allocator_config wanted = installed->with(shared);
+  const allocator_config wanted = installed->with(applied);
   if (process_allocators_created()) {
     process_allocators().update_config(wanted);
   } else {
@@ -78,7 +78,7 @@ allocator_config startup_config(const std::string& overrides, bool warn_ignored)
   // Note [torch's settings]: torch parsed its variable when it started.
   const std::string settings = c10::CachingAllocator::getAllocatorSettings();
   try {
-    return allocator_config::from_environment(shared_settings_of(settings, warn_ignored)).with(overrides);
+    return allocator_config::from_environment(applied_settings_of(settings, warn_ignored)).with(overrides);
   } catch (const config_error& e) {
     if (settings.empty()) throw;
     throw config_error(std::string(e.what()) + " (torch's allocator settings beneath it: " + settings + ")");
