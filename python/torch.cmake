@@ -9,9 +9,18 @@ find_package(Python REQUIRED COMPONENTS Interpreter Development.Module)
 # will import this module. When torch is present but cannot be imported
 # (a build machine without the GPU libraries), its files are located
 # without importing it: torch >= 2.7 is always built with the C++11 ABI.
-# The query prints one field a line, lists joined with '|'.
+# The query prints one field a line, lists joined with '|'; the last is
+# the C++ standard torch's own CMake config asks of code using its headers
+# (20 where TorchConfig.cmake names cxx_std_20, else 17).
 set(STREAMALLOC_LOCATE_TORCH [=[
 import importlib.util, os, sys
+def cxx_standard(root):
+    config = os.path.join(root, "share", "cmake", "Torch", "TorchConfig.cmake")
+    try:
+        with open(config) as f:
+            return 20 if "cxx_std_20" in f.read() else 17
+    except OSError:
+        return 17
 try:
     import torch
     from torch.utils import cpp_extension
@@ -20,6 +29,7 @@ try:
     print("|".join(cpp_extension.library_paths()))
     print(int(torch.compiled_with_cxx11_abi()))
     print(torch.__version__)
+    print(cxx_standard(os.path.dirname(torch.__file__)))
 except Exception as error:
     spec = importlib.util.find_spec("torch")
     if spec is None or not spec.submodule_search_locations:
@@ -31,6 +41,7 @@ except Exception as error:
     print(os.path.join(root, "lib"))
     print(1)
     print("unknown (import failed here: %s)" % " ".join(str(error).split()))
+    print(cxx_standard(root))
 ]=])
 
 execute_process(
@@ -49,9 +60,10 @@ list(GET torch_query 1 STREAMALLOC_TORCH_INCLUDE_DIRS)
 list(GET torch_query 2 STREAMALLOC_TORCH_LIBRARY_DIRS)
 list(GET torch_query 3 torch_cxx11_abi)
 list(GET torch_query 4 torch_version)
+list(GET torch_query 5 torch_cxx_standard)
 string(REPLACE "|" ";" STREAMALLOC_TORCH_INCLUDE_DIRS "${STREAMALLOC_TORCH_INCLUDE_DIRS}")
 string(REPLACE "|" ";" STREAMALLOC_TORCH_LIBRARY_DIRS "${STREAMALLOC_TORCH_LIBRARY_DIRS}")
-message(STATUS "streamalloc: torch ${torch_version} at ${STREAMALLOC_TORCH_ROOT}")
+message(STATUS "streamalloc: torch ${torch_version} at ${STREAMALLOC_TORCH_ROOT} (its headers want C++${torch_cxx_standard})")
 # The core and its static archives are compiled with the toolchain's default
 # (C++11) ABI; a module mixing in the old ABI would not link.
 if(NOT torch_cxx11_abi)
@@ -77,6 +89,8 @@ set_target_properties(streamalloc_torch PROPERTIES
   LIBRARY_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/lib
   CXX_VISIBILITY_PRESET hidden
   VISIBILITY_INLINES_HIDDEN ON
+  # Newer torch headers need C++20; the rest of the project stays C++17.
+  CXX_STANDARD ${torch_cxx_standard}
   # torch's libraries live in site-packages/torch/lib, beside this package
   # once installed; the absolute path covers an in-tree build.
   BUILD_RPATH "${STREAMALLOC_TORCH_LIBRARY_DIRS}"

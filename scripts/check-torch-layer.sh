@@ -3,9 +3,12 @@
 # without building or linking it (g++ -fsyntax-only with the project's
 # warning flags and -Werror), so that a machine with neither a GPU nor an
 # importable torch still catches a compile error there. The headers come
-# from the installed torch, or else from torch's wheel on PyPI (TORCH_SPEC,
-# default torch==2.11.*, the torch the GPU checks run), fetched once into
-# build/torch-headers. Needs scripts/setup.sh's build (its generated
+# from the installed torch, or else (and always when TORCH_SPEC is set)
+# from torch's wheel on PyPI (TORCH_SPEC, default torch==2.11.*, the torch
+# the GPU checks run), fetched once into TORCH_HEADERS_DIR (default
+# build/torch-headers). The C++ standard is the one torch's CMake config
+# asks for, as python/torch.cmake chooses it (C++20 where it names
+# cxx_std_20, else C++17). Needs scripts/setup.sh's build (its generated
 # version header). Prints "skipped: <reason>" and exits 0 when the headers,
 # Python's or the CUDA toolkit's cannot be had; exits 1 on a compile error.
 set -euo pipefail
@@ -16,38 +19,45 @@ skip() {
   exit 0
 }
 
-cache_dir="$PWD/build/torch-headers"
-# Where python/torch.cmake looks when torch cannot be imported.
-torch_include=$(python3 - <<'PY'
+cache_dir="${TORCH_HEADERS_DIR:-$PWD/build/torch-headers}"
+torch_root=""
+if [ -z "${TORCH_SPEC:-}" ]; then
+  # Where python/torch.cmake looks when torch cannot be imported.
+  torch_root=$(python3 - <<'PY'
 import importlib.util, os
 spec = importlib.util.find_spec("torch")
 if spec and spec.submodule_search_locations:
-    include = os.path.join(list(spec.submodule_search_locations)[0], "include")
-    if os.path.isdir(include):
-        print(include)
+    root = list(spec.submodule_search_locations)[0]
+    if os.path.isdir(os.path.join(root, "include")):
+        print(root)
 PY
 )
-if [ -z "$torch_include" ]; then
-  torch_include="$cache_dir/torch/include"
-  if [ ! -d "$torch_include" ]; then
+fi
+if [ -z "$torch_root" ]; then
+  torch_root="$cache_dir/torch"
+  if [ ! -d "$torch_root/include" ]; then
     spec="${TORCH_SPEC:-torch==2.11.*}"
     download=$(mktemp -d)
     echo "check-torch-layer: fetching the headers of $spec from PyPI"
     python3 -m pip download -q --no-deps --only-binary=:all: "$spec" -d "$download" >/dev/null 2>&1 ||
-      { rm -rf "$download"; skip "no torch installed and pip could not download $spec"; }
+      { rm -rf "$download"; skip "pip could not download $spec"; }
     mkdir -p "$cache_dir"
     python3 - "$download" "$cache_dir" <<'PY' || { rm -rf "$download" "$cache_dir"; skip "the downloaded wheel has no headers"; }
 import glob, sys, zipfile
 wheel = glob.glob(sys.argv[1] + "/torch-*.whl")[0]
 with zipfile.ZipFile(wheel) as archive:
-    members = [m for m in archive.namelist() if m.startswith("torch/include/")]
-    if not members:
+    members = [m for m in archive.namelist()
+               if m.startswith("torch/include/") or m == "torch/share/cmake/Torch/TorchConfig.cmake"]
+    if not any(m.startswith("torch/include/") for m in members):
         sys.exit(1)
     archive.extractall(sys.argv[2], members)
 PY
     rm -rf "$download"
   fi
 fi
+torch_include="$torch_root/include"
+standard=c++17
+if grep -q cxx_std_20 "$torch_root/share/cmake/Torch/TorchConfig.cmake" 2>/dev/null; then standard=c++20; fi
 
 python_include=$(python3 -c "import sysconfig; print(sysconfig.get_paths()['include'])")
 if [ ! -f "$python_include/Python.h" ]; then
@@ -66,10 +76,10 @@ if command -v nvcc >/dev/null; then cuda_include="$(dirname "$(command -v nvcc)"
 [ -f build/generated/include/streamalloc/version.hpp ] || { echo "check-torch-layer: run scripts/setup.sh first"; exit 1; }
 
 # The warnings of the streamalloc_warnings target (CMakeLists.txt): keep the two alike.
-flags=(-std=c++17 -fsyntax-only -Wall -Wextra -Wpedantic -Wshadow -Wnon-virtual-dtor -Werror
+flags=(-std=$standard -fsyntax-only -Wall -Wextra -Wpedantic -Wshadow -Wnon-virtual-dtor -Werror
   -isystem "$torch_include" -isystem "$torch_include/torch/csrc/api/include" -isystem "$python_include"
   -isystem "$cuda_include" -Iallocator/include -Ibuild/generated/include -Istreams/include -Ipython/src)
-echo "check-torch-layer: python/src/*.cpp against $torch_include"
+echo "check-torch-layer: python/src/*.cpp against $torch_include ($standard)"
 failed=0
 for source in python/src/*.cpp; do
   if ! g++ "${flags[@]}" "$source"; then

@@ -86,7 +86,7 @@ py::object report_dict(const std::optional<oom_report>& report) {
   out["case"] = to_string(r.kind);
   out["suggestion"] = r.suggestion;
   out["text"] = describe(r);
-  return std::move(out);
+  return py::object(std::move(out));
 }
 
 }  // namespace
@@ -119,7 +119,7 @@ void bind_diagnosis(py::module_& m) {
         py::dict out;
         out["sample_every"] = options.sample_every;
         out["always_record_bytes"] = options.always_record_bytes;
-        return std::move(out);
+        return py::object(std::move(out));
       },
       "None while tagging is off, else its sampling options.");
   m.def(

@@ -162,11 +162,15 @@ def test_version_comes_from_cmakelists():
 
 
 @pytest.fixture
-def config_library():
+def config_library(monkeypatch):
     from streamalloc import _config, _libraries
 
     if not os.environ.get("STREAMALLOC_CONFIG_LIBRARY") and _libraries.find(_config.LIBRARY_NAME) is None:
         pytest.skip("libstreamalloc_config.so is not built here (scripts/setup.sh or pip install . builds it)")
+    # These tests read the options before the compiled extension loads; an
+    # earlier test of the session may have loaded it, and then config()
+    # reports the options it holds instead.
+    monkeypatch.delitem(sys.modules, "streamalloc._C", raising=False)
 
 
 def test_config_and_keys_need_no_torch(config_library, monkeypatch):
