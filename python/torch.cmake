@@ -11,16 +11,17 @@ find_package(Python REQUIRED COMPONENTS Interpreter Development.Module)
 # without importing it: torch >= 2.7 is always built with the C++11 ABI.
 # The query prints one field a line, lists joined with '|'; the last is
 # the C++ standard torch's own CMake config asks of code using its headers
-# (20 where TorchConfig.cmake names cxx_std_20, else 17).
+# (the highest cxx_std_NN TorchConfig.cmake names, else 17).
 set(STREAMALLOC_LOCATE_TORCH [=[
-import importlib.util, os, sys
+import importlib.util, os, re, sys
 def cxx_standard(root):
     config = os.path.join(root, "share", "cmake", "Torch", "TorchConfig.cmake")
     try:
         with open(config) as f:
-            return 20 if "cxx_std_20" in f.read() else 17
+            named = [int(n) for n in re.findall(r"cxx_std_(\d+)", f.read())]
     except OSError:
-        return 17
+        named = []
+    return max(named + [17])
 try:
     import torch
     from torch.utils import cpp_extension
