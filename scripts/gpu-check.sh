@@ -150,12 +150,17 @@ step_stage() {
 }
 
 step_pytest() {
-  local log="$step_log_dir/pytest.out"
+  local log="$step_log_dir/pytest.out" style=()
   test -d "$site_dir" || { echo "gpu-check: the pip step did not install the package" >&2; return 1; }
+  # Each test's time on its own line as it ends (pytest 8.4+), so a run cut
+  # short by a time limit still shows where the time went.
+  if "$python_bin" -c 'import sys, pytest; sys.exit(pytest.version_tuple < (8, 4))' 2>/dev/null; then
+    style=(-o console_output_style=times)
+  fi
   PYTHONPATH="$site_dir${PYTHONPATH:+:$PYTHONPATH}" \
     STREAMALLOC_COUNTING_ALLOCATOR="$build_dir/lib/libcounting_allocator.so" \
     STREAMALLOC_REPLAY_BIN="$build_dir/bin/streamalloc-replay" \
-    "$python_bin" -m pytest ${PYTEST_TARGETS:-tests/python} ${PYTEST_K:+-k "$PYTEST_K"} -v -rs --durations=20 2>&1 | tee "$log"
+    "$python_bin" -m pytest ${PYTEST_TARGETS:-tests/python} ${PYTEST_K:+-k "$PYTEST_K"} -v -rs "${style[@]}" --durations=20 2>&1 | tee "$log"
   # A run where everything skipped proves nothing on a GPU machine.
   grep -Eq '[0-9]+ passed' "$log" || { echo "gpu-check: pytest passed no test" >&2; return 1; }
 }
