@@ -152,9 +152,9 @@ step_stage() {
 step_pytest() {
   local log="$step_log_dir/pytest.out" style=()
   test -d "$site_dir" || { echo "gpu-check: the pip step did not install the package" >&2; return 1; }
-  # Each test's time on its own line as it ends (pytest 8.4+), so a run cut
+  # Each test's time on its own line as it ends (pytest 9+), so a run cut
   # short by a time limit still shows where the time went.
-  if "$python_bin" -c 'import sys, pytest; sys.exit(pytest.version_tuple < (8, 4))' 2>/dev/null; then
+  if "$python_bin" -c 'import sys, pytest; sys.exit(pytest.version_tuple < (9, 0))' 2>/dev/null; then
     style=(-o console_output_style=times)
   fi
   PYTHONPATH="$site_dir${PYTHONPATH:+:$PYTHONPATH}" \
