@@ -1,4 +1,4 @@
-// streamalloc-bench adaptor for streamalloc itself: the caching_allocator's
+// streamalloc-bench adaptor for streamalloc itself: the device_allocator's
 // direct C++ API over the bench device's backend (cuda_backend on a GPU,
 // sim_backend for --smoke), with nothing between the caller and the calls.
 #include <cstdint>
@@ -7,7 +7,7 @@
 #include <string>
 
 #include "bench_allocator.hpp"
-#include "streamalloc/core/caching_allocator.hpp"
+#include "streamalloc/core/device_allocator.hpp"
 #include "streamalloc/util/errors.hpp"
 
 namespace streamalloc::bench {
@@ -79,7 +79,7 @@ class streamalloc_adaptor final : public bench_allocator {
            " since the run began; " + out;
   }
 
-  caching_allocator allocator_;
+  device_allocator allocator_;
   device_stats since_;  // at timing_starts
   bool timed_ = false;
   std::string device_work_;

@@ -71,7 +71,7 @@ void print_help() {
       "patterns, and prints markdown tables (median and p10/p90 over repetitions).\n"
       "\n"
       "allocators (default: every one the device supports):\n"
-      "  streamalloc    streamalloc's caching_allocator, direct C++ API\n"
+      "  streamalloc    streamalloc's device_allocator, direct C++ API\n"
       "  torch_native   PyTorch's native caching allocator (c10 raw_alloc_with_stream /\n"
       "                 raw_delete); built with STREAMALLOC_TORCH; needs\n"
       "                 PYTORCH_CUDA_ALLOC_CONF and PYTORCH_ALLOC_CONF unset\n"

@@ -67,7 +67,7 @@ class bench_device {
 
 // The simulated device: sim_backend with events that complete at once.
 std::unique_ptr<bench_device> make_sim_device();
-// streamalloc's caching_allocator over `device`'s backend, through its
+// streamalloc's device_allocator over `device`'s backend, through its
 // direct C++ API.
 std::unique_ptr<bench_allocator> make_streamalloc_adaptor(bench_device& device, const allocator_config& config);
 

@@ -46,7 +46,7 @@ stream_handle to_handle(cudaStream_t stream) { return reinterpret_cast<stream_ha
 
 // The allocator of `device` if the process allocators and that device's
 // allocator already exist; frees and cache calls never create either.
-caching_allocator* created_allocator(int device) {
+device_allocator* created_allocator(int device) {
   device_allocators* all = find_process_allocators();
   if (all == nullptr || device < 0 || device >= all->device_count()) return nullptr;
   return all->find(device);
@@ -81,7 +81,7 @@ void streamalloc_free(void* ptr, ssize_t size, int device, cudaStream_t stream) 
   // In a forked child the block belongs to the parent's CUDA context: the
   // free is a no-op (Note [fork] in process_allocator.cpp).
   if (ptr == nullptr || in_forked_child()) return;
-  caching_allocator* allocator = created_allocator(device);
+  device_allocator* allocator = created_allocator(device);
   if (allocator == nullptr) {
     record_error("streamalloc_free: %p was not allocated by streamalloc on CUDA device %d", ptr, device);
     return;
@@ -92,7 +92,7 @@ void streamalloc_free(void* ptr, ssize_t size, int device, cudaStream_t stream) 
 int streamalloc_record_stream(void* ptr, int device, cudaStream_t stream) {
   clear_error();
   if (ptr == nullptr) return 0;
-  caching_allocator* allocator = created_allocator(device);
+  device_allocator* allocator = created_allocator(device);
   if (allocator == nullptr) {
     record_error("streamalloc_record_stream: %p was not allocated by streamalloc on CUDA device %d", ptr, device);
     return -1;
@@ -118,7 +118,7 @@ int streamalloc_empty_cache(int device) {
     const int first = device == -1 ? 0 : device;
     const int last = device == -1 ? all->device_count() - 1 : device;
     for (int d = first; d <= last; ++d) {
-      if (caching_allocator* allocator = all->find(d)) allocator->empty_cache();
+      if (device_allocator* allocator = all->find(d)) allocator->empty_cache();
     }
   });
   return ok ? 0 : -1;

@@ -68,8 +68,8 @@ std::shared_ptr<void> open_expandable(std::string_view bytes, c10::DeviceIndex d
 
 }  // namespace
 
-c10::cuda::CUDACachingAllocator::ShareableHandle share_ipc_handle(caching_allocator& allocator, void* ptr) {
-  const caching_allocator::shareable_range range = allocator.share_range(ptr);
+c10::cuda::CUDACachingAllocator::ShareableHandle share_ipc_handle(device_allocator& allocator, void* ptr) {
+  const device_allocator::shareable_range range = allocator.share_range(ptr);
   std::ostringstream out;
   out.put(k_handle_version);
   if (!range.expandable) {

@@ -12,13 +12,13 @@
 #include <memory>
 #include <string>
 
-#include "streamalloc/core/caching_allocator.hpp"
+#include "streamalloc/core/device_allocator.hpp"
 
 namespace streamalloc {
 
 // The handle and offset for the live allocation `ptr` of `allocator`.
 // Throws c10::Error naming the reason when the platform cannot share it.
-c10::cuda::CUDACachingAllocator::ShareableHandle share_ipc_handle(caching_allocator& allocator, void* ptr);
+c10::cuda::CUDACachingAllocator::ShareableHandle share_ipc_handle(device_allocator& allocator, void* ptr);
 
 // Opens a handle from another process on the current device; the memory
 // stays mapped until the last copy of the returned pointer is dropped. A

@@ -24,13 +24,13 @@ void check_device_index(int device) {
 
 }  // namespace
 
-caching_allocator* existing_allocator_of(int device) {
+device_allocator* existing_allocator_of(int device) {
   device_allocators* all = find_process_allocators();
   return all == nullptr ? nullptr : all->find(device);
 }
 
-caching_allocator& allocator_of(int device) {
-  if (caching_allocator* existing = existing_allocator_of(device)) return *existing;
+device_allocator& allocator_of(int device) {
+  if (device_allocator* existing = existing_allocator_of(device)) return *existing;
   return process_allocators().at(device);
 }
 
@@ -41,7 +41,7 @@ int managed_device_count() {
 
 device_stats device_stats_of(int device) {
   check_device_index(device);
-  if (caching_allocator* allocator = existing_allocator_of(device)) return allocator->stats();
+  if (device_allocator* allocator = existing_allocator_of(device)) return allocator->stats();
   device_stats unused;
   const allocator_config config = process_allocator_config();
   unused.max_split_size = config.max_split_bytes == std::numeric_limits<std::size_t>::max()
@@ -52,17 +52,17 @@ device_stats device_stats_of(int device) {
 
 void reset_peak_stats_of(int device) {
   check_device_index(device);
-  if (caching_allocator* allocator = existing_allocator_of(device)) allocator->reset_peak_stats();
+  if (device_allocator* allocator = existing_allocator_of(device)) allocator->reset_peak_stats();
 }
 
 void reset_accumulated_stats_of(int device) {
   check_device_index(device);
-  if (caching_allocator* allocator = existing_allocator_of(device)) allocator->reset_accumulated_stats();
+  if (device_allocator* allocator = existing_allocator_of(device)) allocator->reset_accumulated_stats();
 }
 
 void empty_caches() {
   for (int d = 0; d < managed_device_count(); ++d) {
-    if (caching_allocator* allocator = existing_allocator_of(d)) allocator->empty_cache();
+    if (device_allocator* allocator = existing_allocator_of(d)) allocator->empty_cache();
   }
 }
 
@@ -72,7 +72,7 @@ std::vector<segment_info> collect_segments(int device) {
   const int count = managed_device_count();
   for (int d = 0; d < count; ++d) {
     if (device != k_all_devices && d != device) continue;
-    caching_allocator* allocator = existing_allocator_of(d);
+    device_allocator* allocator = existing_allocator_of(d);
     if (allocator == nullptr) continue;
     allocator_snapshot snapshot = allocator->snapshot();
     std::move(snapshot.segments.begin(), snapshot.segments.end(), std::back_inserter(out));

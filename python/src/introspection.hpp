@@ -6,7 +6,7 @@
 
 #include <vector>
 
-#include "streamalloc/core/caching_allocator.hpp"
+#include "streamalloc/core/device_allocator.hpp"
 #include "streamalloc/core/snapshot.hpp"
 #include "streamalloc/core/stats.hpp"
 
@@ -16,9 +16,9 @@ namespace streamalloc {
 constexpr int k_all_devices = -1;
 
 // The allocator of `device` if it exists, else nullptr.
-caching_allocator* existing_allocator_of(int device);
+device_allocator* existing_allocator_of(int device);
 // The allocator of `device`, created on first use.
-caching_allocator& allocator_of(int device);
+device_allocator& allocator_of(int device);
 // Number of devices streamalloc manages (0 before CUDA is initialised).
 int managed_device_count();
 

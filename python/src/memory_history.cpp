@@ -114,7 +114,7 @@ void memory_history::attach_tracker(c10::CachingDeviceAllocator::AllocatorTraceT
   reconnect_locked();
 }
 
-void memory_history::connect(int device, caching_allocator& allocator) {
+void memory_history::connect(int device, device_allocator& allocator) {
   std::lock_guard<std::mutex> lock(mutex_);
   const auto index = static_cast<std::size_t>(device);
   if (allocators_.size() <= index) {

@@ -18,7 +18,7 @@
 #include <utility>
 #include <vector>
 
-#include "streamalloc/core/caching_allocator.hpp"
+#include "streamalloc/core/device_allocator.hpp"
 #include "streamalloc/core/trace.hpp"
 
 namespace streamalloc {
@@ -48,7 +48,7 @@ class memory_history {
 
   // Connects `allocator` (of `device`) while history or a tracker is on;
   // called for every allocator, existing or created later.
-  void connect(int device, caching_allocator& allocator);
+  void connect(int device, device_allocator& allocator);
 
   // Whether an allocator call should gather a context first: the level is
   // STATE for allocations, ALL for frees (as torch gathers).
@@ -107,7 +107,7 @@ class memory_history {
   std::vector<std::string> compile_contexts_;
   // Allocators seen so far and their listeners (one per device, never freed
   // while an allocator may still point at it).
-  std::vector<caching_allocator*> allocators_;
+  std::vector<device_allocator*> allocators_;
   std::vector<std::unique_ptr<device_listener>> listeners_;
 };
 

@@ -32,7 +32,7 @@ last_report_store& store() {
 std::string diagnose_out_of_memory(const out_of_memory& error) noexcept {
   try {
     const oom_context& context = error.context();
-    caching_allocator* allocator = existing_allocator_of(context.device);
+    device_allocator* allocator = existing_allocator_of(context.device);
     if (allocator == nullptr) return {};
     const device_stats stats = allocator->stats();
     const bool expandable = allocator->config().expandable_segments && allocator->backend().supports_virtual_memory();

@@ -37,7 +37,7 @@ struct process_state {
   // Set once, after the allocators are fully built; read without the lock.
   std::atomic<device_allocators*> allocators{nullptr};
   // The allocators the prepare handler locked, in locking order.
-  std::vector<caching_allocator*> locked_for_fork;
+  std::vector<device_allocator*> locked_for_fork;
   std::atomic<bool> forked_child{false};
 };
 
@@ -63,7 +63,7 @@ void prepare_fork() {
   s.locked_for_fork.clear();
   if (device_allocators* all = s.allocators.load(std::memory_order_acquire)) {
     for (int d = 0; d < all->device_count(); ++d) {
-      if (caching_allocator* allocator = all->find(d)) {
+      if (device_allocator* allocator = all->find(d)) {
         allocator->lock_for_fork();
         s.locked_for_fork.push_back(allocator);
       }

@@ -28,7 +28,7 @@
 #include "oom_diagnosis.hpp"
 #include "pool_segment_source.hpp"
 #include "process_allocator.hpp"
-#include "streamalloc/core/caching_allocator.hpp"
+#include "streamalloc/core/device_allocator.hpp"
 #include "streamalloc/core/device_allocators.hpp"
 #include "torch_errors.hpp"
 #include "torch_pool_ids.hpp"
@@ -47,7 +47,7 @@ using record_context = c10::CachingDeviceAllocator::RecordContext;
 // blocks start at multiples of min_block_bytes (a power of two >= 256) in
 // segments aligned to 256 bytes or better, and a c10::DeviceIndex is at
 // most 127, so the low seven bits are always free. The deleter reaches the
-// owning caching_allocator with one atomic load and takes only that
+// owning device_allocator with one atomic load and takes only that
 // allocator's lock, where the base class would take a mutex of its own and
 // update a pointer map on every allocation and free.
 constexpr std::uintptr_t k_device_tag_mask = 127;
@@ -75,7 +75,7 @@ void delete_tagged(void* context) {
   const int device = static_cast<int>(bits & k_device_tag_mask);
   void* ptr = reinterpret_cast<void*>(bits & ~k_device_tag_mask);
   try {
-    caching_allocator& allocator = allocator_of(device);
+    device_allocator& allocator = allocator_of(device);
     if (torch_allocator* owner = installed_instance()) {
       owner->free_with_context(allocator, ptr);
     } else {
@@ -101,7 +101,7 @@ void delete_uncached(void* ptr) {
 
 // torch's profiler (profile_memory=True) hears of every allocation and free
 // with the device's totals, as from torch's own allocator.
-void report_to_profiler(caching_allocator& allocator, void* ptr, std::int64_t delta) {
+void report_to_profiler(device_allocator& allocator, void* ptr, std::int64_t delta) {
   const device_stats stats = allocator.stats();
   c10::reportMemoryUsageToProfiler(ptr, delta, static_cast<std::size_t>(stats.allocated_bytes[0].current),
                                    static_cast<std::size_t>(stats.reserved_bytes[0].current),
@@ -204,7 +204,7 @@ cca::AllocatorConfigInfo config_metadata() {
 // What a new segment could still get: the device's free memory, capped by
 // the memory fraction's headroom. torch's own guess is free memory alone;
 // under a cap it would send cudnn after workspaces it can never have.
-std::size_t growth_headroom(caching_allocator& allocator) {
+std::size_t growth_headroom(device_allocator& allocator) {
   device_memory_info info;
   if (!allocator.backend().memory_info(&info)) return 0;
   const double fraction = allocator.memory_fraction();
@@ -220,7 +220,7 @@ int owner_of(const void* ptr) {
   c10::DeviceIndex current = -1;
   C10_CUDA_CHECK(c10::cuda::GetDevice(&current));
   const auto owns = [ptr](int device) {
-    caching_allocator* allocator = existing_allocator_of(device);
+    device_allocator* allocator = existing_allocator_of(device);
     return allocator != nullptr && allocator->owns(ptr);
   };
   if (owns(current)) return current;
@@ -368,7 +368,7 @@ void* torch_allocator::allocate_on(c10::DeviceIndex device, std::size_t bytes, c
   if (!caches()) return allocate_uncached(device, bytes);
   memory_history::call_scope context(history_, record_context::STATE);
   try {
-    caching_allocator& allocator = allocator_of(device);
+    device_allocator& allocator = allocator_of(device);
     void* ptr = allocator.allocate(bytes, to_handle(stream));
     if (tagging_on()) record_allocation(allocator, device, ptr, bytes);
     if (ptr != nullptr) {
@@ -390,7 +390,7 @@ void torch_allocator::free_on(c10::DeviceIndex device, void* ptr) {
   guarded([&] { free_with_context(allocator_of(device), ptr); });
 }
 
-void torch_allocator::free_with_context(caching_allocator& allocator, void* ptr) {
+void torch_allocator::free_with_context(device_allocator& allocator, void* ptr) {
   memory_history::call_scope context(history_, record_context::ALL);
   // Before the free: afterwards another thread may be handed the address
   // and record it (Note [allocation tags]).
@@ -502,7 +502,7 @@ void torch_allocator::init(int /*device_count*/) {
     // torch's per_process_memory_fraction setting (its variable's value,
     // or a later _set_allocator_settings call's) caps each device when its
     // allocator is created.
-    process_allocators().set_creation_hook([this](int device, caching_allocator& allocator) {
+    process_allocators().set_creation_hook([this](int device, device_allocator& allocator) {
       const double torch_fraction = cca::CUDAAllocatorConfig::per_process_memory_fraction();
       if (torch_fraction < 1.0) allocator.set_memory_fraction(torch_fraction);
       history_.connect(device, allocator);
@@ -543,14 +543,14 @@ void torch_allocator::emptyCache(c10::MempoolId_t mempool_id) {
     }
     const pool_id pool = to_pool_id(mempool_id);
     for (int d = 0; d < managed_device_count(); ++d) {
-      if (caching_allocator* allocator = existing_allocator_of(d)) allocator->empty_cache(pool);
+      if (device_allocator* allocator = existing_allocator_of(d)) allocator->empty_cache(pool);
     }
   });
 }
 
 void torch_allocator::cacheInfo(c10::DeviceIndex device, std::size_t* largest_block) {
   guarded([&] {
-    caching_allocator& allocator = allocator_of(device);
+    device_allocator& allocator = allocator_of(device);
     std::size_t largest_free = 0;
     allocator.cache_info(&largest_free, nullptr);
     // Like torch: a zero *largest_block asks for an initial guess too.
@@ -562,7 +562,7 @@ void torch_allocator::cacheInfo(c10::DeviceIndex device, std::size_t* largest_bl
 void* torch_allocator::getBaseAllocation(void* ptr, std::size_t* size) {
   return guarded([&] {
     const int owner = checked_owner_of(ptr, "getBaseAllocation");
-    const caching_allocator::shareable_range range = allocator_of(owner).share_range(ptr);
+    const device_allocator::shareable_range range = allocator_of(owner).share_range(ptr);
     if (size != nullptr) *size = range.size;
     return reinterpret_cast<void*>(range.address);
   });
@@ -712,7 +712,7 @@ cca::CheckpointDelta torch_allocator::setCheckpointPoolState(c10::DeviceIndex de
     TORCH_CHECK(checkpoint != nullptr, "streamalloc: setCheckpointPoolState needs a state from getCheckpointState");
     TORCH_CHECK(checkpoint->device == device, "streamalloc: a checkpoint of device ", checkpoint->device,
                 " cannot restore a pool of device ", static_cast<int>(device));
-    caching_allocator& allocator = allocator_of(device);
+    device_allocator& allocator = allocator_of(device);
     pool_restore_result restored = allocator.restore_pool(checkpoint->checkpoint);
     // The restore frees and allocates behind allocate_on's back.
     if (tagging_on()) {

@@ -105,7 +105,7 @@ class torch_allocator final : public torch::cuda::CUDAPluggableAllocator::CUDAPl
 
   // The DataPtr deleter's path: frees `ptr`, with the freeing call's stack
   // when memory history records stacks of frees.
-  void free_with_context(caching_allocator& allocator, void* ptr);
+  void free_with_context(device_allocator& allocator, void* ptr);
   // Frees `ptr` if it was allocated while caching was disabled; false
   // otherwise.
   bool free_uncached(void* ptr);

@@ -28,7 +28,7 @@ void disable_tagging() {
   process_allocation_tags().disable();
 }
 
-void record_allocation(caching_allocator& allocator, int device, const void* ptr, std::size_t requested) noexcept {
+void record_allocation(device_allocator& allocator, int device, const void* ptr, std::size_t requested) noexcept {
   if (ptr == nullptr) return;
   try {
     allocation_tags& tags = process_allocation_tags();

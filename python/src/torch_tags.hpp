@@ -7,7 +7,7 @@
 #include <cstddef>
 
 #include "streamalloc/core/allocation_tags.hpp"
-#include "streamalloc/core/caching_allocator.hpp"
+#include "streamalloc/core/device_allocator.hpp"
 
 namespace streamalloc {
 
@@ -33,7 +33,7 @@ void disable_tagging();
 // for `requested` bytes: records its block under the current tag when
 // sampling picks it. Never throws: the allocation succeeded, and a record
 // that cannot be made is dropped.
-void record_allocation(caching_allocator& allocator, int device, const void* ptr, std::size_t requested) noexcept;
+void record_allocation(device_allocator& allocator, int device, const void* ptr, std::size_t requested) noexcept;
 // Called with tagging on, before `ptr` is freed (Note [allocation tags]).
 void forget_allocation(const void* ptr) noexcept;
 

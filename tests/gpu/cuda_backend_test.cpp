@@ -285,7 +285,7 @@ TEST_CASE("cuda backend: one instance per visible device", "[gpu]") {
   device_allocators allocators(count, make_cuda_backend, allocator_config{});
   for (int device = 0; device < count; ++device) {
     CAPTURE(device);
-    caching_allocator& allocator = allocators.at(device);
+    device_allocator& allocator = allocators.at(device);
     CHECK(allocator.device() == device);
     CHECK(allocators.find(device) == &allocator);
     void* ptr = allocator.allocate(1_MiB, 0);

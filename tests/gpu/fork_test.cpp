@@ -82,7 +82,7 @@ int wait_with_timeout(pid_t child, std::chrono::seconds timeout) {
 }  // namespace
 
 TEST_CASE("fork: a child forked while another thread allocates gets the clear error", "[.][fork_scenario]") {
-  caching_allocator& device0 = process_allocators().at(0);
+  device_allocator& device0 = process_allocators().at(0);
   void* parent_block = device0.allocate(4_MiB, 0);
   REQUIRE(!in_forked_child());
 

@@ -55,7 +55,7 @@ TEST_CASE("process allocators: configured before first use, fixed afterwards", "
   CHECK(!allocators.config().cross_stream_reuse);
   CHECK(process_allocator_config().max_split_bytes == 512_MiB);
 
-  caching_allocator& device0 = allocators.at(0);
+  device_allocator& device0 = allocators.at(0);
   CHECK(device0.config().max_split_bytes == 512_MiB);
   void* ptr = device0.allocate(4_MiB, 0);
   REQUIRE(ptr != nullptr);

@@ -4,8 +4,9 @@
 // hand-offs and stitching move memory between the streams. Each block gets
 // its own pattern from a kernel when it is allocated and is checked by
 // another just before it is freed: no word may differ, every byte must be
-// checked, and the allocator must end consistent and empty. Without a GPU
-// the case skips visibly.
+// checked, and the allocator must end consistent and empty. The same runs
+// on a device_allocator whose threads are spread over four arenas (Note
+// [arenas]). Without a GPU the cases skip visibly.
 #include <cuda_runtime_api.h>
 
 #include <cmath>
@@ -16,12 +17,14 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "gpu/gpu_support.hpp"
 #include "gpu/pattern_kernels.hpp"
 #include "streamalloc/backend/cuda_backend.hpp"
 #include "streamalloc/core/caching_allocator.hpp"
+#include "streamalloc/core/device_allocator.hpp"
 #include "streamalloc/util/bytes.hpp"
 
 using namespace streamalloc;
@@ -49,7 +52,8 @@ struct live_block {
 // One thread's work: random allocations (log-uniform sizes, each filled on
 // the thread's stream) and frees (each checked on that stream first).
 // Returns the bytes its check kernels must report; failures go to `error`.
-unsigned long long run_thread(caching_allocator& allocator, const test_stream& stream, pattern_tally* tally,
+template <typename allocator_type>
+unsigned long long run_thread(allocator_type& allocator, const test_stream& stream, pattern_tally* tally,
                               int thread, std::string* error) {
   std::mt19937_64 rng(static_cast<std::uint64_t>(thread) * 104729 + 7);
   std::uniform_real_distribution<double> log_size(std::log(static_cast<double>(k_min_bytes)),
@@ -94,17 +98,11 @@ unsigned long long run_thread(caching_allocator& allocator, const test_stream& s
   return checked;
 }
 
-}  // namespace
-
-TEST_CASE("caching allocator on CUDA: threads on streams of their own keep every block's data", "[gpu][threads]") {
-  STREAMALLOC_REQUIRE_GPU();
-  STREAMALLOC_CUDA_REQUIRE(cudaSetDevice(0));
-  status backend_error;
-  std::unique_ptr<device_backend> backend = make_cuda_backend(0, &backend_error);
-  INFO(backend_error.message());
-  REQUIRE(backend != nullptr);
-  caching_allocator allocator(*backend, allocator_config{});
-
+// The threads on `allocator`; with `spread`, thread t first moves to
+// arena t % 4 of the device_allocator.
+template <typename allocator_type>
+void check_threads_keep_data(allocator_type& allocator, bool spread) {
+  static_cast<void>(spread);  // caching_allocator has one arena
   std::vector<std::unique_ptr<test_stream>> streams;
   std::vector<std::unique_ptr<test_buffer>> tallies;
   for (int t = 0; t < k_threads; ++t) {
@@ -119,6 +117,9 @@ TEST_CASE("caching allocator on CUDA: threads on streams of their own keep every
   std::vector<std::thread> threads;
   for (int t = 0; t < k_threads; ++t) {
     threads.emplace_back([&, t] {
+      if constexpr (std::is_same_v<allocator_type, device_allocator>) {
+        if (spread) allocator.move_this_thread(t % device_allocator::k_max_arenas);
+      }
       expected_checked[static_cast<std::size_t>(t)] =
           run_thread(allocator, *streams[static_cast<std::size_t>(t)],
                      static_cast<pattern_tally*>(tallies[static_cast<std::size_t>(t)]->get()), t,
@@ -147,4 +148,30 @@ TEST_CASE("caching allocator on CUDA: threads on streams of their own keep every
   CHECK(stats.allocation[k_all].current == 0);
   allocator.empty_cache();
   CHECK(allocator.stats().reserved_bytes[k_all].current == 0);
+}
+
+std::unique_ptr<device_backend> cuda_device_0() {
+  STREAMALLOC_CUDA_REQUIRE(cudaSetDevice(0));
+  status backend_error;
+  std::unique_ptr<device_backend> backend = make_cuda_backend(0, &backend_error);
+  INFO(backend_error.message());
+  REQUIRE(backend != nullptr);
+  return backend;
+}
+
+}  // namespace
+
+TEST_CASE("caching allocator on CUDA: threads on streams of their own keep every block's data", "[gpu][threads]") {
+  STREAMALLOC_REQUIRE_GPU();
+  std::unique_ptr<device_backend> backend = cuda_device_0();
+  caching_allocator allocator(*backend, allocator_config{});
+  check_threads_keep_data(allocator, false);
+}
+
+TEST_CASE("device allocator on CUDA: threads over four arenas keep every block's data", "[gpu][threads][arenas]") {
+  STREAMALLOC_REQUIRE_GPU();
+  std::unique_ptr<device_backend> backend = cuda_device_0();
+  device_allocator allocator(*backend, allocator_config{});
+  check_threads_keep_data(allocator, true);
+  CHECK(allocator.arena_count() == device_allocator::k_max_arenas);
 }

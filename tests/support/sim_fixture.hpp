@@ -101,7 +101,9 @@ inline std::int64_t large_pool(const stat_array& a) { return a[static_cast<int>(
 
 // Everything the allocator, its stats and the device agree on, or "" when
 // they do. Usable where Catch assertions are too slow (randomized loops).
-inline std::string consistency_problem(const caching_allocator& alloc, const sim_backend& sim) {
+// `allocator_type`: caching_allocator, or device_allocator (every arena).
+template <typename allocator_type>
+std::string consistency_problem(const allocator_type& alloc, const sim_backend& sim) {
   try {
     alloc.validate();
   } catch (const std::logic_error& e) {

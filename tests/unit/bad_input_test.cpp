@@ -51,9 +51,11 @@ std::string error_of(Action&& action) {
 
 // A few live allocations of both pools and two streams, remembered so a test
 // can prove a bad call left every one of them (and the stats) untouched.
+// `allocator_type`: caching_allocator or device_allocator.
+template <typename allocator_type>
 class live_allocations {
  public:
-  explicit live_allocations(caching_allocator& alloc, const sim_backend& sim, stream_handle s1, stream_handle s2)
+  explicit live_allocations(allocator_type& alloc, const sim_backend& sim, stream_handle s1, stream_handle s2)
       : alloc_(alloc), sim_(sim) {
     for (const auto& [bytes, stream] : {std::pair<std::size_t, stream_handle>{4_KiB, s1},
                                         {700_KiB, s2},
@@ -107,7 +109,7 @@ class live_allocations {
   }
 
  private:
-  caching_allocator& alloc_;
+  allocator_type& alloc_;
   const sim_backend& sim_;
   std::map<void*, std::size_t> sizes_;
   std::map<std::string, double> stats_before_;
@@ -117,7 +119,7 @@ class live_allocations {
 struct bad_input_fixture {
   bad_input_fixture() : f(immediate_events(1_GiB)), live(f.alloc, f.sim, f.s1, f.s2) {}
   sim_fixture f;
-  live_allocations live;
+  live_allocations<caching_allocator> live;
 };
 
 using streamalloc::test::temp_dir;
@@ -189,8 +191,8 @@ TEST_CASE("bad input: free on the wrong device", "[bad_input]") {
         return backend;
       },
       allocator_config{});
-  caching_allocator& d0 = devices.at(0);
-  caching_allocator& d1 = devices.at(1);
+  device_allocator& d0 = devices.at(0);
+  device_allocator& d1 = devices.at(1);
   live_allocations live0(d0, *backends[0], 0, backends[0]->new_stream());
   live_allocations live1(d1, *backends[1], 0, backends[1]->new_stream());
 
@@ -293,7 +295,7 @@ TEST_CASE("bad input: allocation on a device index that does not exist", "[bad_i
         return backend;
       },
       allocator_config{});
-  caching_allocator& d0 = devices.at(0);
+  device_allocator& d0 = devices.at(0);
   live_allocations live(d0, *backend0, 0, backend0->new_stream());
   for (int bad : {1, 7, -1, std::numeric_limits<int>::max(), std::numeric_limits<int>::min()}) {
     CAPTURE(bad);

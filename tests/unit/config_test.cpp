@@ -48,6 +48,7 @@ void check_same(const allocator_config& a, const allocator_config& b) {
   CHECK(a.expandable_private_pools == b.expandable_private_pools);
   CHECK(a.stitching == b.stitching);
   CHECK(a.stitch_slack == b.stitch_slack);
+  CHECK(a.arenas == b.arenas);
   CHECK(a.vmm_chunk_bytes == b.vmm_chunk_bytes);
 }
 
@@ -426,7 +427,7 @@ TEST_CASE("config: torch's settings split into shared entries and ignored keys",
 
 TEST_CASE("config: keys() documents every key exactly once", "[config]") {
   const auto& keys = allocator_config::keys();
-  CHECK(keys.size() == 18);
+  CHECK(keys.size() == 19);
   std::set<std::string> names;
   const std::string rendered = allocator_config{}.to_string();
   for (const auto& doc : keys) {
@@ -452,7 +453,7 @@ TEST_CASE("config: to_string renders every key and round-trips", "[config]") {
           "large_round_mb:2,max_split_size_mb:unlimited,max_non_split_rounding_mb:20,roundup_power2_divisions:0,"
           "cross_stream_reuse:True,graph_capture_record_stream_reuse:False,memory_fraction:1,garbage_collection_threshold:0,"
           "expandable_segments:True,expandable_private_pools:False,"
-          "stitching:True,stitch_slack:0.005,vmm_chunk_mb:2");
+          "stitching:True,stitch_slack:0.005,arenas:4,vmm_chunk_mb:2");
     check_same(allocator_config::parse(text), c);
   }
   SECTION("every key changed") {
@@ -460,14 +461,14 @@ TEST_CASE("config: to_string renders every key and round-trips", "[config]") {
         "min_block_bytes:256,small_size_kb:768,small_segment_mb:1,large_segment_mb:12,min_large_alloc_mb:12,"
         "large_round_mb:1,max_split_size_mb:1024,max_non_split_rounding_mb:0,roundup_power2_divisions:64,"
         "cross_stream_reuse:0,memory_fraction:0.1,garbage_collection_threshold:0.95,expandable_segments:false,"
-        "expandable_private_pools:1,stitching:0,stitch_slack:0.25,vmm_chunk_mb:64");
+        "expandable_private_pools:1,stitching:0,stitch_slack:0.25,arenas:2,vmm_chunk_mb:64");
     const std::string text = c.to_string();
     INFO(text);
     check_same(allocator_config::parse(text), c);
     CHECK(contains(text, "cross_stream_reuse:False"));
     CHECK(contains(text,
                    "expandable_segments:False,expandable_private_pools:True,stitching:False,stitch_slack:0.25,"
-                   "vmm_chunk_mb:64"));
+                   "arenas:2,vmm_chunk_mb:64"));
     CHECK(contains(text, "memory_fraction:0.1,"));
   }
   SECTION("doubles round-trip bit for bit") {

@@ -1,4 +1,4 @@
-// device_allocators over several simulated devices: one caching_allocator
+// device_allocators over several simulated devices: one device_allocator
 // per device, created on first use, with separate memory and statistics.
 #include <memory>
 #include <string>

@@ -114,6 +114,7 @@ void* caching_allocator::allocate(std::size_t bytes, stream_handle stream) {
   }
   const pool_id pool = capturing ? route_capture(stream) : 0;
   if (!mutex_.try_lock()) {
+    if (contention_observer_ != nullptr) contention_observer_->on_contended_call();
     combined_call* call = waiting_calls_.own_call();
     if (call == nullptr) {
       locked_call queued(*this);
@@ -214,6 +215,7 @@ void caching_allocator::run_waiting_locked() {
         run_one_locked(c);
         running_listed_call_ = false;
         ++stats_.num_combined_calls;
+        publish_stats_locked();
         waiting_calls_.finish(taken[i], combiner_call::done);
       } else {
         waiting_calls_.finish(taken[i], combiner_call::declined);
@@ -225,7 +227,7 @@ void caching_allocator::run_waiting_locked() {
 void caching_allocator::run_one_locked(combined_call& c) {
   try {
     if (c.is_free) {
-      free_locked(c.ptr);
+      c.owned = free_locked(c.ptr, c.must_own);
     } else {
       c.ptr = allocate_locked(c.bytes, c.stream, c.pool);
     }
@@ -270,7 +272,7 @@ void* caching_allocator::allocate_locked(std::size_t bytes, stream_handle stream
         reuse_recent_locked(b, bytes);
         // Note [repeats without the lock]: the chain of Note [repeated
         // reuse] may go on without the lock.
-        if (recent_.empty() && pending_.empty() && listener_ == nullptr) {
+        if (recent_.empty() && pending_.empty() && listener_ == nullptr && ledger_ == nullptr) {
           count_lock_free_reuses_locked(repeat_.armed());
           repeat_.arm(b, bytes, b->reuse_chain);
         }
@@ -386,6 +388,12 @@ block* caching_allocator::search_further_locked(std::size_t bytes, std::size_t r
       release_unused_segments_locked();
       found = grow(/*may_stitch=*/true);
     }
+  }
+
+  // Note [arenas]: before giving up, the other arenas of the device return
+  // their unused cached memory, and growth is tried once more.
+  if (found == nullptr && !capturing && ledger_ != nullptr && ledger_->release_elsewhere(arena_)) {
+    found = grow(/*may_stitch=*/true);
   }
 
   // Stage 7: give up with the numbers the user needs.
@@ -550,20 +558,29 @@ int caching_allocator::hand_backs_locked(const block* b, stream_handle stream) c
 
 bool caching_allocator::garbage_collection_due_locked() const {
   if (config_.garbage_collection_threshold <= 0.0) return false;
-  const double reserved = static_cast<double>(at(stats_.reserved_bytes, stat_type::all).current);
+  const double reserved = static_cast<double>(capped_reserved_locked());
   return reserved > config_.garbage_collection_threshold * static_cast<double>(allowed_bytes_);
 }
 
 block* caching_allocator::grow_any_locked(std::size_t rounded, stream_handle stream, pool_id pool, bool small,
                                           bool may_stitch) {
-  return uses_expandable(pool) ? grow_expandable_locked(rounded, stream, pool, small, may_stitch)
-                               : grow_locked(rounded, stream, pool, small);
+  if (ledger_ == nullptr) {
+    return uses_expandable(pool) ? grow_expandable_locked(rounded, stream, pool, small, may_stitch)
+                                 : grow_locked(rounded, stream, pool, small);
+  }
+  // Note [arenas]: the cap counts every arena's reserved bytes, so arenas
+  // grow one at a time and write theirs back before the next checks.
+  std::lock_guard<std::mutex> growth(ledger_->growth_mutex());
+  block* b = uses_expandable(pool) ? grow_expandable_locked(rounded, stream, pool, small, may_stitch)
+                                   : grow_locked(rounded, stream, pool, small);
+  ledger_->set_reserved(arena_, at(stats_.reserved_bytes, stat_type::all).current);
+  return b;
 }
 
 block* caching_allocator::grow_locked(std::size_t rounded, stream_handle stream, pool_id pool, bool small) {
   std::size_t segment_bytes = 0;
   if (!policy_.segment_size(rounded, &segment_bytes)) return nullptr;
-  const auto reserved = static_cast<std::size_t>(at(stats_.reserved_bytes, stat_type::all).current);
+  const std::size_t reserved = capped_reserved_locked();
   if (segment_bytes > allowed_bytes_ || reserved > allowed_bytes_ - segment_bytes) return nullptr;
 
   void* ptr = nullptr;
@@ -680,30 +697,45 @@ inline void caching_allocator::reuse_recent_locked(block* b, std::size_t request
 // ---------------------------------------------------------------------------
 // Free and stream uses
 
-void caching_allocator::free(void* ptr) {
-  if (ptr == nullptr) return;
-  if (repeat_.park(ptr, mutex_.acquisitions())) return;
+inline bool caching_allocator::free_through_lock(void* ptr, bool must_own) {
   if (!mutex_.try_lock()) {
+    if (contention_observer_ != nullptr) contention_observer_->on_contended_call();
     combined_call* call = waiting_calls_.own_call();
     if (call == nullptr) {
       locked_call queued(*this);
-      free_locked(ptr);
-      return;
+      return free_locked(ptr, must_own);
     }
     call->is_free = true;
+    call->must_own = must_own;
     call->ptr = ptr;
     run_contended(*call);
-    return;
+    return call->owned;
   }
   locked_call call(*this, std::adopt_lock);
-  free_locked(ptr);
+  return free_locked(ptr, must_own);
 }
 
-void caching_allocator::free_locked(void* ptr) {
+void caching_allocator::free(void* ptr) {
+  if (ptr == nullptr) return;
+  if (repeat_.park(ptr, mutex_.acquisitions())) return;
+  free_through_lock(ptr, /*must_own=*/true);
+}
+
+bool caching_allocator::free_if_owned(void* ptr) {
+  if (ptr == nullptr) return true;
+  if (repeat_.park(ptr, mutex_.acquisitions())) return true;
+  return free_through_lock(ptr, /*must_own=*/false);
+}
+
+
+bool caching_allocator::free_locked(void* ptr, bool must_own) {
   unpark_locked();
   const std::size_t slot = allocated_.slot_of(to_address(ptr));
   block* b = allocated_.at(slot);
-  if (b == nullptr || !b->allocated) throw usage_error(describe_unknown_pointer_locked(ptr));
+  if (__builtin_expect(b == nullptr || !b->allocated, 0)) {
+    if (!must_own) return false;
+    throw usage_error(describe_unknown_pointer_locked(ptr));
+  }
   if (b->lock_free_reuses_counted != repeat_slot::reuses_of(b)) count_lock_free_reuses_locked(b);
   if (b == repeat_.armed()) repeat_.disarm();
   unmark_allocated_locked(b);
@@ -711,7 +743,7 @@ void caching_allocator::free_locked(void* ptr) {
   if (b->stream_uses.empty() && b->owner->pool == 0 && capture_count_.load(std::memory_order_relaxed) == 0 &&
       recent_.keep_next()) {
     keep_recent_locked(b);  // its pointer map entry and its counts stay
-    return;
+    return true;
   }
   uncount_allocation_locked(b);
   allocated_.erase_at(slot);
@@ -725,6 +757,7 @@ void caching_allocator::free_locked(void* ptr) {
   } else {
     insert_events_locked(b);
   }
+  return true;
 }
 
 void caching_allocator::record_stream(void* ptr, stream_handle stream) {
@@ -882,6 +915,9 @@ void caching_allocator::flush_recent_locked() const {
     }
     tally = reuse_tally{};
   }
+  // Note [arenas]: a reader flushes under a plain lock; what returned to
+  // the free sets reaches the device's counts now.
+  self->publish_stats_locked();
 }
 
 // Note [repeats without the lock]: the chain of Note [repeated reuse]
@@ -1189,7 +1225,7 @@ void caching_allocator::begin_allocate_to_pool(pool_id id, stream_filter filter)
   flush_recent_locked();
   ++private_pools_.try_emplace(id, &set_nodes_, config_.min_block_bytes).first->second.use_count;
   captures_.push_back({id, std::move(filter)});
-  capture_count_.store(static_cast<int>(captures_.size()), std::memory_order_release);
+  capture_count_.store(static_cast<int>(captures_.size()) + captures_elsewhere_, std::memory_order_release);
 }
 
 void caching_allocator::end_allocate_to_pool(pool_id id) {
@@ -1198,8 +1234,8 @@ void caching_allocator::end_allocate_to_pool(pool_id id) {
   auto it = std::find_if(captures_.begin(), captures_.end(), [&](const capture& c) { return c.id == id; });
   if (it == captures_.end()) throw usage_error("streamalloc: no allocation to private pool " + std::to_string(id) + " is underway");
   captures_.erase(it);
-  capture_count_.store(static_cast<int>(captures_.size()), std::memory_order_release);
-  if (captures_.empty()) finish_deferred_frees_locked();
+  capture_count_.store(static_cast<int>(captures_.size()) + captures_elsewhere_, std::memory_order_release);
+  if (captures_.empty() && captures_elsewhere_ == 0) finish_deferred_frees_locked();
 }
 
 void caching_allocator::release_pool(pool_id id) {
@@ -1371,6 +1407,61 @@ void caching_allocator::reset_accumulated_stats() {
   stats_.num_combined_calls = 0;
 }
 
+// ---------------------------------------------------------------------------
+// Arenas (Note [arenas] in device_allocator.cpp)
+
+void caching_allocator::join_ledger(arena_ledger* ledger, int index) {
+  locked_call call(*this);
+  // A parked block goes back first; the armed block stays allocated, no
+  // longer reused without the lock.
+  flush_recent_locked();
+  repeat_.disarm();
+  if (index == 0) ledger->seed(stats_);
+  published_ = stats_;
+  if (index != 0) ledger->publish(published_, stats_, {});  // a fresh arena: counts from zero
+  ledger->set_reserved(index, at(stats_.reserved_bytes, stat_type::all).current);
+  ledger_ = ledger;
+  arena_ = index;
+}
+
+void caching_allocator::publish_to_ledger_locked() {
+  arena_ledger::held_back held;
+  for (std::size_t i = 0; i < recent_.size(); ++i) {
+    const block* b = recent_.at(i);
+    const std::size_t kind = b->owner->is_small ? 1 : 0;
+    ++held.blocks[kind];
+    held.bytes[kind] += static_cast<std::int64_t>(b->size);
+  }
+  ledger_->publish(published_, stats_, held);
+  ledger_->set_reserved(arena_, at(stats_.reserved_bytes, stat_type::all).current);
+}
+
+void caching_allocator::count_capture_elsewhere(int delta) {
+  locked_call call(*this);
+  captures_elsewhere_ += delta;
+  capture_count_.store(static_cast<int>(captures_.size()) + captures_elsewhere_, std::memory_order_release);
+  if (captures_.empty() && captures_elsewhere_ == 0) finish_deferred_frees_locked();
+}
+
+bool caching_allocator::release_cache_for_other(bool wait) {
+  if (wait) {
+    mutex_.lock();
+  } else if (!mutex_.try_lock()) {
+    return false;
+  }
+  // Plain unlock, not locked_call: the calls waiting here are left to their
+  // own threads rather than run inside another arena's critical section.
+  const std::int64_t before = at(stats_.reserved_bytes, stat_type::all).current;
+  if (capture_count_.load(std::memory_order_relaxed) == 0) {
+    if (!pending_.empty() || !awaiting_device_sync_.empty()) synchronize_pending_locked();
+    release_unused_segments_locked();
+  }
+  const bool released = at(stats_.reserved_bytes, stat_type::all).current < before;
+  publish_stats_locked();
+  mutex_.unlock();
+  return released;
+}
+
 template <typename fn>
 void caching_allocator::for_each_free_set_locked(fn&& visit) const {
   visit(default_pool_.small);
@@ -1518,8 +1609,14 @@ void caching_allocator::raise_oom_locked(std::size_t requested, stream_handle st
   device_memory_info info;
   if (backend_.memory_info(&info)) context.device_free_bytes = info.free_bytes;
   if (!backend_.device_processes(&context.processes)) context.processes.clear();
-  context.allocated_bytes = static_cast<std::size_t>(at(stats_.allocated_bytes, stat_type::all).current);
-  context.reserved_bytes = static_cast<std::size_t>(at(stats_.reserved_bytes, stat_type::all).current);
+  std::int64_t allocated = at(stats_.allocated_bytes, stat_type::all).current;
+  // Note [arenas]: the device's, this arena's latest included.
+  if (ledger_ != nullptr) {
+    allocated += at(ledger_->totals().allocated_bytes, stat_type::all).current -
+                 at(published_.allocated_bytes, stat_type::all).current;
+  }
+  context.allocated_bytes = static_cast<std::size_t>(allocated);
+  context.reserved_bytes = capped_reserved_locked();
   context.allowed_bytes = allowed_bytes_;
   context.expandable_segments = uses_expandable(pool);
   for (const auto& [id, p] : private_pools_) {

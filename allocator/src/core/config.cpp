@@ -328,6 +328,15 @@ constexpr key_handler k_handlers[] = {
        c.stitch_slack = x;
      },
      [](const allocator_config& c) { return render_real(c.stitch_slack); }},
+    {"arenas",
+     "Most arenas per device, 1 to 4: a thread whose calls keep finding the allocator's lock held moves to an arena "
+     "of its own pools and lock; 1 = one lock for every thread (default 4).",
+     [](allocator_config& c, std::string_view v) {
+       const std::size_t n = parse_count("arenas", v, "arenas");
+       if (n < 1 || n > allocator_config::k_max_arenas) fail_value("arenas", v, "a whole number from 1 to 4");
+       c.arenas = n;
+     },
+     [](const allocator_config& c) { return std::to_string(c.arenas); }},
     size_key("vmm_chunk_mb",
              "Size in MiB of the physical chunks expandable segments map; a multiple of the device's granularity "
              "(2 MiB on current GPUs), checked when expandable segments are on (default 2).",
@@ -490,6 +499,7 @@ void allocator_config::check_run_time_update(const allocator_config& next) const
   keep(next.stitching == stitching, "stitching", "stitching");
   keep(next.stitch_slack == stitch_slack, "stitch_slack", "stitch_slack");
   keep(next.vmm_chunk_bytes == vmm_chunk_bytes, "vmm_chunk_bytes", "vmm_chunk_mb");
+  keep(next.arenas == arenas, "arenas", "arenas");
 }
 
 const std::vector<allocator_config::key_doc>& allocator_config::keys() {

@@ -298,7 +298,7 @@ block* caching_allocator::grow_expandable_locked(std::size_t rounded, stream_han
 
   // New chunks for the rest, within the memory-fraction cap (which counts
   // the stolen chunks too: they are about to be mapped again).
-  const std::size_t reserved = static_cast<std::size_t>(at(stats_.reserved_bytes, stat_type::all).current) + stolen * chunk_bytes_;
+  const std::size_t reserved = capped_reserved_locked() + stolen * chunk_bytes_;
   std::size_t created_bytes = 0;
   while (handles.size() < where.chunks) {
     if (reserved + created_bytes > allowed_bytes_ || allowed_bytes_ - reserved - created_bytes < chunk_bytes_) break;

@@ -22,6 +22,7 @@
 #include "streamalloc/backend/device_backend.hpp"
 #include "streamalloc/core/adaptive_mutex.hpp"
 #include "streamalloc/core/address_map.hpp"
+#include "streamalloc/core/arena_ledger.hpp"
 #include "streamalloc/core/block.hpp"
 #include "streamalloc/core/call_combiner.hpp"
 #include "streamalloc/core/config.hpp"
@@ -58,6 +59,9 @@ class caching_allocator {
   // Frees a pointer returned by allocate. Throws usage_error for a pointer
   // this allocator does not own (never allocated, interior, double free).
   void free(void* ptr);
+  // free for a pointer that may be another arena's: false, changing
+  // nothing, when `ptr` is not a live allocation of this one.
+  bool free_if_owned(void* ptr);
   // Marks that `stream` uses the block at `ptr`; its free waits for `stream`.
   void record_stream(void* ptr, stream_handle stream);
   // Returns every unused cached segment to the device.
@@ -205,6 +209,32 @@ class caching_allocator {
   int device() const { return backend_.device_index(); }
   device_backend& backend() { return backend_; }
 
+  // --- arenas of one device (Note [arenas] in device_allocator.cpp) ---
+  // Makes this allocator arena `index` of the device whose shared books
+  // `ledger` keeps: from now on each critical section publishes its
+  // statistics there (recent frees left out), the memory-fraction cap
+  // counts the other arenas' reserved bytes, and the lock-free repeat path
+  // is off (a block parked without the lock would count as allocated in
+  // the device's sums until the next critical section). Arena 0 seeds the
+  // ledger.
+  void join_ledger(arena_ledger* ledger, int index);
+  // Told, on the calling thread, when an allocate or free finds the lock
+  // held. Set before the allocator is shared between threads.
+  class contention_observer {
+   public:
+    virtual ~contention_observer() = default;
+    virtual void on_contended_call() = 0;
+  };
+  void set_contention_observer(contention_observer* observer) { contention_observer_ = observer; }
+  // A capture underway on another arena of the device: frees with stream
+  // uses defer their events, as during a capture of this arena's own, until
+  // every such count ends (delta +1 at its start, -1 at its end).
+  void count_capture_elsewhere(int delta);
+  // Returns this arena's unused cached memory to the device, as
+  // empty_cache(), for another arena out of memory; with `wait` false,
+  // only if the lock is free now. True when anything was released.
+  bool release_cache_for_other(bool wait);
+
  private:
   struct pool_pair {
     pool_pair(node_recycler* recycler, std::size_t class_bytes)
@@ -238,6 +268,7 @@ class caching_allocator {
     // For a lock this thread has just taken.
     locked_call(caching_allocator& owner, std::adopt_lock_t) : owner_(owner) {}
     ~locked_call() {
+      owner_.publish_stats_locked();
       if (owner_.waiting_calls_.maybe_listed()) owner_.run_waiting_locked();
       if (owner_.trace_events_.empty()) {
         owner_.mutex_.unlock();
@@ -258,6 +289,8 @@ class caching_allocator {
     std::size_t bytes = 0;  // allocate
     stream_handle stream = 0;
     pool_id pool = 0;
+    bool must_own = true;  // free: false for free_if_owned
+    bool owned = true;     // free: whether the pointer was this arena's
     void* ptr = nullptr;  // free: the pointer; allocate: the result
     std::exception_ptr error;
   };
@@ -276,7 +309,12 @@ class caching_allocator {
   // are listed, or the holder is running a listed call (Note [stitching
   // under contention]).
   bool others_waiting_locked() const { return running_listed_call_ || waiting_calls_.any_listed(); }
-  void free_locked(void* ptr);
+  // Frees `ptr`; one this arena does not own throws usage_error, or with
+  // `must_own` false returns false.
+  bool free_locked(void* ptr, bool must_own = true);
+  // free and free_if_owned past the repeat slot: the lock, or a combined
+  // call. Inlined into both: one call less on every free.
+  [[gnu::always_inline]] inline bool free_through_lock(void* ptr, bool must_own);
   // Note [repeats without the lock]: frees the block parked in repeat_, if
   // any, first thing in a critical section that allocates, frees or reads.
   // Inline: one load on every allocate and free that takes the lock.
@@ -658,6 +696,25 @@ class caching_allocator {
   std::array<hand_off, k_ping_pong_window_allocations> recent_hand_offs_{};
   std::size_t next_hand_off_slot_ = 0;
   device_stats stats_;
+  // Note [arenas]: the device's shared books when this is one of several
+  // arenas, its index, and its statistics as last published there.
+  arena_ledger* ledger_ = nullptr;
+  int arena_ = 0;
+  device_stats published_;
+  int captures_elsewhere_ = 0;  // guarded by mutex_
+  contention_observer* contention_observer_ = nullptr;
+  // Publishes the statistics of the critical section ending (no-op with
+  // one arena).
+  void publish_stats_locked() {
+    if (ledger_ != nullptr) publish_to_ledger_locked();
+  }
+  void publish_to_ledger_locked();
+  // Reserved bytes as the memory-fraction cap counts them: this arena's,
+  // plus the other arenas' of the device.
+  std::size_t capped_reserved_locked() const {
+    const std::int64_t own = at(stats_.reserved_bytes, stat_type::all).current;
+    return static_cast<std::size_t>(ledger_ != nullptr ? own + ledger_->reserved_elsewhere(arena_) : own);
+  }
 };
 
 }  // namespace streamalloc

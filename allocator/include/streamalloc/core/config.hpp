@@ -71,6 +71,10 @@ struct allocator_config {
   // Size of the physical chunks expandable segments map; a multiple of the
   // device's virtual-memory granularity.
   std::size_t vmm_chunk_bytes = 2_MiB;
+  // Note [arenas] (device_allocator.cpp): the most arenas a device's
+  // allocator makes for threads that contend for its lock.
+  static constexpr std::size_t k_max_arenas = 4;
+  std::size_t arenas = k_max_arenas;
 
   // The small-pool limit in force for a pool made of expandable or of plain
   // segments. Auto: PyTorch's 1 MiB for plain segments; with expandable

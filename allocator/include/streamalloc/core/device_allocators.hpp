@@ -1,4 +1,4 @@
-// device_allocators: one caching_allocator per device, created on first use
+// device_allocators: one device_allocator per device, created on first use
 // from a backend factory. This is the object behind the process-wide
 // allocator that torch and the extern "C" entry points use.
 #pragma once
@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "streamalloc/backend/device_backend.hpp"
-#include "streamalloc/core/caching_allocator.hpp"
+#include "streamalloc/core/device_allocator.hpp"
 #include "streamalloc/core/config.hpp"
 
 namespace streamalloc {
@@ -28,19 +28,19 @@ class device_allocators {
   // The allocator of `device`, created on first use. Throws usage_error for
   // an index outside [0, device_count) and device_failure if the backend
   // cannot be made.
-  caching_allocator& at(int device);
+  device_allocator& at(int device);
   // The allocator of `device` if it was already created, else nullptr.
-  caching_allocator* find(int device) const;
+  device_allocator* find(int device) const;
   // Runs `hook` for every allocator created so far and, from now on, for
   // each one right after it is created (before first use). One hook; a
   // second call replaces it.
-  using creation_hook = std::function<void(int device, caching_allocator& allocator)>;
+  using creation_hook = std::function<void(int device, device_allocator& allocator)>;
   void set_creation_hook(creation_hook hook);
   // The settings allocators are created with (a copy: update_config may
   // change them).
   allocator_config config() const;
   // torch.cuda.memory._set_allocator_settings: applies the run-time keys
-  // (caching_allocator::update_config) to every allocator already created
+  // (device_allocator::update_config) to every allocator already created
   // and to those created later. All or nothing: usage_error or
   // config_error leaves every allocator as it was.
   void update_config(const allocator_config& config);
@@ -48,8 +48,8 @@ class device_allocators {
  private:
   struct slot {
     std::unique_ptr<device_backend> backend;
-    std::unique_ptr<caching_allocator> allocator;
-    std::atomic<caching_allocator*> published{nullptr};  // read without config_mutex_
+    std::unique_ptr<device_allocator> allocator;
+    std::atomic<device_allocator*> published{nullptr};  // read without config_mutex_
   };
   backend_factory factory_;
   // Guards config_, and is held while an allocator is created and

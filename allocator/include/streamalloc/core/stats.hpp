@@ -86,6 +86,30 @@ struct device_stats {
   // reserved / allocated (current), 0 when nothing is allocated.
   double reserved_allocated_ratio = 0.0;
 
+  // The fields of each kind, for code that treats them all alike (resets,
+  // the sums of Note [arenas]). max_split_size and the fragmentation
+  // entries are in none: they are settings and readings, not counts.
+  static constexpr stat_array device_stats::*k_arrays[] = {
+      &device_stats::allocation,     &device_stats::segment,      &device_stats::active,
+      &device_stats::inactive_split, &device_stats::allocated_bytes, &device_stats::reserved_bytes,
+      &device_stats::active_bytes,   &device_stats::inactive_split_bytes, &device_stats::requested_bytes};
+  static constexpr stat_counter device_stats::*k_counters[] = {
+      &device_stats::oversize_allocations, &device_stats::oversize_segments, &device_stats::mapped_chunks};
+  static constexpr std::int64_t device_stats::*k_totals[] = {
+      &device_stats::num_alloc_retries,   &device_stats::num_ooms,          &device_stats::num_sync_all_streams,
+      &device_stats::num_device_alloc,    &device_stats::num_device_free,   &device_stats::num_cross_stream_reuses,
+      &device_stats::num_recent_reuses,   &device_stats::num_combined_calls, &device_stats::num_chunk_maps,
+      &device_stats::num_chunk_unmaps,    &device_stats::num_stitched_blocks, &device_stats::num_stitch_syncs};
+
+  // Every current/peak/allocated/freed counter, arrays' entries included.
+  template <typename fn>
+  void for_each_counter(fn&& visit) {
+    for (stat_array device_stats::*array : k_arrays) {
+      for (stat_counter& c : this->*array) visit(c);
+    }
+    for (stat_counter device_stats::*counter : k_counters) visit(this->*counter);
+  }
+
   // Flattened like torch.cuda.memory_stats(): "allocated_bytes.all.current".
   // Fragmentation entries are under "fragmentation.*".
   std::map<std::string, double> to_map() const;

@@ -1,0 +1,366 @@
+// device_allocator on the simulated device: arenas (Note [arenas] in
+// device_allocator.cpp). One arena behaves as one caching_allocator; with
+// several, frees find their arena from any thread, the device's counts and
+// peaks are of the sum, the memory-fraction cap holds for the device, an
+// arena out of memory takes the others' cached memory, captures route every
+// allocation to arena 0, and threads under lasting contention move.
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <mutex>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "streamalloc/backend/sim_backend.hpp"
+#include "streamalloc/core/device_allocator.hpp"
+#include "streamalloc/core/trace.hpp"
+#include "streamalloc/util/bytes.hpp"
+#include "streamalloc/util/errors.hpp"
+#include "support/catch.hpp"
+#include "support/sim_fixture.hpp"
+
+using namespace streamalloc;
+using streamalloc::test::all;
+using streamalloc::test::consistency_problem;
+using streamalloc::test::immediate_events;
+using streamalloc::test::manual_events;
+using streamalloc::test::plain_device;
+using streamalloc::test::vmm_device;
+
+namespace {
+
+std::int64_t peak(const stat_array& a) { return a[static_cast<int>(stat_type::all)].peak; }
+
+void require_consistent(const device_allocator& alloc, const sim_backend& sim) {
+  const std::string problem = consistency_problem(alloc, sim);
+  INFO(problem);
+  REQUIRE(problem.empty());
+}
+
+}  // namespace
+
+TEST_CASE("device_allocator: one arena until a thread moves, with arena 0's numbers", "[arenas]") {
+  sim_backend sim(plain_device());
+  device_allocator alloc(sim, allocator_config{});
+  const stream_handle s = sim.new_stream();
+  void* p = alloc.allocate(3_MiB, s);
+  alloc.free(p);
+  void* q = alloc.allocate(1_KiB, s);
+  REQUIRE(alloc.arena_count() == 1);
+  REQUIRE(alloc.arena_of_this_thread() == 0);
+  const device_stats device = alloc.stats();
+  const device_stats first = alloc.arena(0).stats();
+  REQUIRE(device.to_map() == first.to_map());
+  alloc.free(q);
+  require_consistent(alloc, sim);
+}
+
+TEST_CASE("device_allocator: a free reaches the owning arena from any thread", "[arenas]") {
+  for (const bool vmm : {false, true}) {
+    CAPTURE(vmm);
+    sim_backend sim(vmm ? vmm_device() : plain_device());
+    device_allocator alloc(sim, allocator_config{});
+    const stream_handle s = sim.new_stream();
+    alloc.move_this_thread(1);
+    REQUIRE(alloc.arena_count() == 2);
+    void* in_one = alloc.allocate(5_MiB, s);
+    REQUIRE(alloc.arena(1).owns(in_one));
+    REQUIRE_FALSE(alloc.arena(0).owns(in_one));
+    REQUIRE(alloc.owns(in_one));
+    REQUIRE(alloc.allocation_size(in_one) >= 5_MiB);
+    void* in_zero = nullptr;
+    std::thread other([&] {
+      REQUIRE(alloc.arena_of_this_thread() == 0);
+      in_zero = alloc.allocate(2_MiB, s);
+      alloc.free(in_one);  // arena 1's block, freed by a thread of arena 0
+    });
+    other.join();
+    REQUIRE(alloc.arena(0).owns(in_zero));
+    REQUIRE_FALSE(alloc.owns(in_one));
+    alloc.free(in_zero);  // arena 0's block, freed from arena 1
+    REQUIRE(all(alloc.stats().allocated_bytes) == 0);
+    REQUIRE_THROWS_AS(alloc.free(in_zero), usage_error);
+    require_consistent(alloc, sim);
+  }
+}
+
+TEST_CASE("device_allocator: current and peak counts are of the sum over arenas", "[arenas]") {
+  sim_backend sim(plain_device());
+  device_allocator alloc(sim, allocator_config{});
+  const stream_handle s = sim.new_stream();
+  alloc.move_this_thread(1);
+  alloc.move_this_thread(0);
+  // 10 MiB live in arena 0, freed (a recent free, still counted there),
+  // then 10 MiB in arena 1: the device never held 20 MiB.
+  void* a = alloc.allocate(10_MiB, s);
+  alloc.free(a);
+  alloc.move_this_thread(1);
+  void* b = alloc.allocate(10_MiB, s);
+  device_stats st = alloc.stats();
+  REQUIRE(all(st.allocated_bytes) == static_cast<std::int64_t>(10_MiB));
+  REQUIRE(peak(st.allocated_bytes) == static_cast<std::int64_t>(10_MiB));
+  REQUIRE(all(st.allocation) == 1);
+  // Now both at once.
+  alloc.move_this_thread(0);
+  void* c = alloc.allocate(6_MiB, s);
+  st = alloc.stats();
+  REQUIRE(all(st.allocated_bytes) == static_cast<std::int64_t>(16_MiB));
+  REQUIRE(peak(st.allocated_bytes) == static_cast<std::int64_t>(16_MiB));
+  REQUIRE(all(st.reserved_bytes) == all(alloc.arena(0).stats().reserved_bytes) + all(alloc.arena(1).stats().reserved_bytes));
+  // Cumulative counts are the arenas' sums.
+  REQUIRE(st.allocated_bytes[0].allocated ==
+          alloc.arena(0).stats().allocated_bytes[0].allocated + alloc.arena(1).stats().allocated_bytes[0].allocated);
+  alloc.free(b);
+  alloc.free(c);
+  st = alloc.stats();
+  REQUIRE(all(st.allocated_bytes) == 0);
+  REQUIRE(peak(st.allocated_bytes) == static_cast<std::int64_t>(16_MiB));
+  alloc.reset_peak_stats();
+  REQUIRE(peak(alloc.stats().allocated_bytes) == 0);
+  require_consistent(alloc, sim);
+}
+
+TEST_CASE("device_allocator: the memory fraction caps the device, not each arena", "[arenas]") {
+  sim_backend sim(plain_device(100_MiB));
+  device_allocator alloc(sim, allocator_config{});
+  const stream_handle s = sim.new_stream();
+  alloc.set_memory_fraction(0.5);
+  void* a = alloc.allocate(30_MiB, s);
+  alloc.move_this_thread(2);
+  REQUIRE(alloc.memory_fraction() == 0.5);
+  REQUIRE_THROWS_AS(alloc.allocate(30_MiB, s), out_of_memory);
+  void* b = alloc.allocate(12_MiB, s);
+  REQUIRE(all(alloc.stats().reserved_bytes) <= static_cast<std::int64_t>(50_MiB));
+  REQUIRE(alloc.stats().num_ooms == 1);
+  alloc.free(a);
+  alloc.free(b);
+  require_consistent(alloc, sim);
+}
+
+TEST_CASE("device_allocator: an arena out of memory takes the other arenas' cached memory", "[arenas]") {
+  for (const bool vmm : {false, true}) {
+    for (const int needy : {0, 1}) {  // before or after the arena holding the cache, in lock order
+      CAPTURE(vmm, needy);
+      sim_backend sim(vmm ? vmm_device(64_MiB) : plain_device(64_MiB));
+      device_allocator alloc(sim, allocator_config{});
+      const stream_handle s = sim.new_stream();
+      alloc.move_this_thread(1 - needy);
+      alloc.free(alloc.allocate(40_MiB, s));  // cached in the other arena
+      REQUIRE(all(alloc.arena(1 - needy).stats().reserved_bytes) >= static_cast<std::int64_t>(40_MiB));
+      alloc.move_this_thread(needy);
+      void* p = alloc.allocate(40_MiB, s);
+      REQUIRE(alloc.arena(needy).owns(p));
+      REQUIRE(all(alloc.arena(1 - needy).stats().reserved_bytes) == 0);
+      REQUIRE(alloc.stats().num_ooms == 0);
+      alloc.free(p);
+      require_consistent(alloc, sim);
+    }
+  }
+}
+
+TEST_CASE("device_allocator: stats, snapshots, cache info and empty_cache cover every arena", "[arenas]") {
+  sim_backend sim(plain_device());
+  device_allocator alloc(sim, allocator_config{});
+  const stream_handle s = sim.new_stream();
+  std::vector<void*> held;
+  for (int i = 0; i < device_allocator::k_max_arenas; ++i) {
+    alloc.move_this_thread(i);
+    held.push_back(alloc.allocate(3_MiB, s));
+    alloc.free(alloc.allocate(25_MiB, s));
+  }
+  REQUIRE(alloc.arena_count() == device_allocator::k_max_arenas);
+  REQUIRE(alloc.snapshot().segments.size() == 2 * held.size());
+  const device_stats st = alloc.stats();
+  REQUIRE(all(st.allocation) == 4);
+  REQUIRE(all(st.segment) == 8);
+  std::size_t largest = 0;
+  std::size_t total = 0;
+  alloc.cache_info(&largest, &total);
+  REQUIRE(total == static_cast<std::size_t>(st.free_cached_bytes));
+  REQUIRE(largest == static_cast<std::size_t>(st.largest_free_block_bytes));
+  REQUIRE(total >= 4 * 25_MiB);
+  require_consistent(alloc, sim);
+  alloc.empty_cache();
+  REQUIRE(all(alloc.stats().segment) == 4);
+  for (void* p : held) alloc.free(p);
+  alloc.empty_cache();
+  REQUIRE(sim.used_bytes() == 0);
+  require_consistent(alloc, sim);
+}
+
+TEST_CASE("device_allocator: a capture sends every allocation to arena 0 and defers other arenas' events",
+          "[arenas]") {
+  sim_backend sim(manual_events());
+  device_allocator alloc(sim, allocator_config{});
+  const stream_handle s1 = sim.new_stream();
+  const stream_handle s2 = sim.new_stream();
+  const stream_handle captured = sim.new_stream();
+  alloc.move_this_thread(1);
+  void* used_elsewhere = alloc.allocate(4_MiB, s1);
+  alloc.record_stream(used_elsewhere, s2);
+  alloc.begin_allocate_to_pool(7, [&](stream_handle st) { return st == captured; });
+  void* in_pool = alloc.allocate(1_MiB, captured);
+  void* plain = alloc.allocate(1_MiB, s1);
+  REQUIRE(alloc.arena(0).owns(in_pool));
+  REQUIRE(alloc.arena(0).owns(plain));
+  const std::size_t records = sim.counters().event_records;
+  alloc.free(used_elsewhere);  // arena 1's: its event waits for the capture's end
+  REQUIRE(sim.counters().event_records == records);
+  alloc.end_allocate_to_pool(7);
+  REQUIRE(sim.counters().event_records == records + 1);
+  void* after = alloc.allocate(1_MiB, s1);
+  REQUIRE(alloc.arena(1).owns(after));  // back to its own arena
+  sim.complete_all_events();
+  alloc.free(after);
+  alloc.free(in_pool);
+  alloc.free(plain);
+  alloc.release_pool(7);
+  require_consistent(alloc, sim);
+}
+
+TEST_CASE("device_allocator: arenas made later get the listener, fraction and settings", "[arenas]") {
+  struct counting_listener final : trace_listener {
+    void on_trace(const trace_event* events, std::size_t count) override {
+      for (std::size_t i = 0; i < count; ++i) allocs += events[i].action == trace_action::alloc ? 1 : 0;
+    }
+    std::atomic<int> allocs{0};
+  } listener;
+  sim_backend sim(plain_device());
+  device_allocator alloc(sim, allocator_config{});
+  const stream_handle s = sim.new_stream();
+  alloc.set_trace_listener(&listener);
+  alloc.set_memory_fraction(0.25);
+  alloc.update_config(allocator_config::parse("max_split_size_mb:64"));
+  alloc.move_this_thread(3);
+  void* p = alloc.allocate(1_MiB, s);
+  REQUIRE(alloc.arena(3).owns(p));
+  REQUIRE(listener.allocs == 1);
+  REQUIRE(alloc.arena(3).memory_fraction() == 0.25);
+  REQUIRE(alloc.arena(3).config().max_split_bytes == 64_MiB);
+  REQUIRE_THROWS_AS(alloc.update_config(allocator_config::parse("max_split_size_mb:64,memory_fraction:0.5")),
+                    usage_error);
+  REQUIRE(alloc.arena(0).config().max_split_bytes == 64_MiB);
+  alloc.free(p);
+  alloc.set_trace_listener(nullptr);
+  require_consistent(alloc, sim);
+}
+
+// Threads on all four arenas allocate, free (a third of them another
+// thread's blocks) and record streams at random; the device's counts must
+// match every arena's blocks and the device's memory at the end, and the
+// device's peak of allocated bytes is at least the most ever live at once.
+TEST_CASE("device_allocator: randomized threads over four arenas keep the books", "[arenas][threads]") {
+  for (const bool vmm : {false, true}) {
+    CAPTURE(vmm);
+    sim_backend sim(vmm ? vmm_device(8_GiB) : immediate_events(8_GiB));
+    device_allocator alloc(sim, allocator_config{});
+    std::vector<stream_handle> streams;
+    for (int i = 0; i < 4; ++i) streams.push_back(sim.new_stream());
+    std::mutex handed_mutex;
+    std::deque<void*> handed;  // blocks left for another thread to free
+    std::atomic<std::int64_t> live{0};
+    std::atomic<std::int64_t> most_live{0};
+    std::vector<std::thread> threads;
+    constexpr int k_threads = 8;
+    for (int t = 0; t < k_threads; ++t) {
+      threads.emplace_back([&, t] {
+        alloc.move_this_thread(t % device_allocator::k_max_arenas);
+        std::mt19937 rng(static_cast<unsigned>(1234 + t));
+        std::vector<std::pair<void*, std::size_t>> mine;
+        const auto release = [&](void* p, std::size_t size) {
+          live -= static_cast<std::int64_t>(size);
+          alloc.free(p);
+        };
+        for (int step = 0; step < 3000; ++step) {
+          const unsigned roll = rng() % 100;
+          if (roll < 50 || mine.empty()) {
+            const std::size_t bytes = (rng() % 4 == 0) ? (1 + rng() % 16) * 1_MiB : 512 * (1 + rng() % 2000);
+            void* p = alloc.allocate(bytes, streams[rng() % streams.size()]);
+            const std::size_t size = alloc.allocation_size(p);
+            const std::int64_t now = (live += static_cast<std::int64_t>(size));
+            std::int64_t seen = most_live.load();
+            while (now > seen && !most_live.compare_exchange_weak(seen, now)) {
+            }
+            if (rng() % 10 == 0) alloc.record_stream(p, streams[rng() % streams.size()]);
+            mine.emplace_back(p, size);
+          } else if (roll < 65) {
+            std::lock_guard<std::mutex> lock(handed_mutex);
+            handed.push_back(mine.back().first);
+            // The size travels with the pointer through allocation_size.
+            mine.pop_back();
+          } else if (roll < 80) {
+            void* p = nullptr;
+            {
+              std::lock_guard<std::mutex> lock(handed_mutex);
+              if (!handed.empty()) {
+                p = handed.front();
+                handed.pop_front();
+              }
+            }
+            if (p != nullptr) release(p, alloc.allocation_size(p));
+          } else {
+            const std::size_t i = rng() % mine.size();
+            release(mine[i].first, mine[i].second);
+            mine[i] = mine.back();
+            mine.pop_back();
+          }
+        }
+        for (auto& [p, size] : mine) release(p, size);
+      });
+    }
+    for (std::thread& th : threads) th.join();
+    for (void* p : handed) alloc.free(p);
+    REQUIRE(alloc.arena_count() == device_allocator::k_max_arenas);
+    const device_stats st = alloc.stats();
+    REQUIRE(all(st.allocated_bytes) == 0);
+    REQUIRE(peak(st.allocated_bytes) >= most_live.load());
+    require_consistent(alloc, sim);
+    alloc.empty_cache();
+    require_consistent(alloc, sim);
+    REQUIRE(sim.used_bytes() == 0);
+  }
+}
+
+// Two threads that keep finding each other in the lock: within a few
+// windows one of them moves to a second arena.
+TEST_CASE("device_allocator: a thread under lasting contention moves to another arena", "[arenas][threads]") {
+  sim_backend sim(immediate_events());
+  device_allocator alloc(sim, allocator_config{});
+  const stream_handle s = sim.new_stream();
+  std::atomic<bool> moved{false};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 8; ++t) {
+    threads.emplace_back([&, t] {
+      std::mt19937 rng(static_cast<unsigned>(t));
+      std::vector<void*> held;
+      for (int step = 0; step < 200000 && !moved.load(std::memory_order_relaxed); ++step) {
+        if (held.size() < 16 && rng() % 2 == 0) {
+          held.push_back(alloc.allocate(512 * (1 + rng() % 4096), s));
+        } else if (!held.empty()) {
+          alloc.free(held.back());
+          held.pop_back();
+        }
+        if (alloc.arena_of_this_thread() != 0) moved = true;
+      }
+      for (void* p : held) alloc.free(p);
+    });
+  }
+  for (std::thread& th : threads) th.join();
+  REQUIRE(moved.load());
+  REQUIRE(alloc.arena_count() > 1);
+  require_consistent(alloc, sim);
+}
+
+TEST_CASE("device_allocator: arenas:1 keeps one arena", "[arenas]") {
+  sim_backend sim(plain_device());
+  device_allocator alloc(sim, allocator_config::parse("arenas:1"));
+  REQUIRE(alloc.max_arenas() == 1);
+  REQUIRE_THROWS_AS(alloc.move_this_thread(1), usage_error);
+  REQUIRE(alloc.arena_count() == 1);
+  REQUIRE_THROWS_AS(allocator_config::parse("arenas:5"), config_error);
+  REQUIRE_THROWS_AS(allocator_config::parse("arenas:0"), config_error);
+  REQUIRE(allocator_config{}.arenas == 4);
+}
