@@ -14,6 +14,9 @@
 #include <thread>
 #include <vector>
 
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include "streamalloc/backend/sim_backend.hpp"
 #include "streamalloc/core/device_allocator.hpp"
 #include "streamalloc/core/trace.hpp"
@@ -252,10 +255,13 @@ TEST_CASE("device_allocator: arenas made later get the listener, fraction and se
 // thread's blocks) and record streams at random; the device's counts must
 // match every arena's blocks and the device's memory at the end, and the
 // device's peak of allocated bytes is at least the most ever live at once.
+// On a small device requests also run out of memory, through the arenas'
+// ladders, which take each other's cached memory.
 TEST_CASE("device_allocator: randomized threads over four arenas keep the books", "[arenas][threads]") {
-  for (const bool vmm : {false, true}) {
-    CAPTURE(vmm);
-    sim_backend sim(vmm ? vmm_device(8_GiB) : immediate_events(8_GiB));
+  for (const auto& [vmm, capacity] : {std::pair<bool, std::size_t>{false, 8_GiB}, {true, 8_GiB}, {false, 192_MiB},
+                                      {true, 192_MiB}}) {
+    CAPTURE(vmm, capacity);
+    sim_backend sim(vmm ? vmm_device(capacity) : immediate_events(capacity));
     device_allocator alloc(sim, allocator_config{});
     std::vector<stream_handle> streams;
     for (int i = 0; i < 4; ++i) streams.push_back(sim.new_stream());
@@ -263,6 +269,7 @@ TEST_CASE("device_allocator: randomized threads over four arenas keep the books"
     std::deque<void*> handed;  // blocks left for another thread to free
     std::atomic<std::int64_t> live{0};
     std::atomic<std::int64_t> most_live{0};
+    std::atomic<int> ooms{0};
     std::vector<std::thread> threads;
     constexpr int k_threads = 8;
     for (int t = 0; t < k_threads; ++t) {
@@ -278,7 +285,13 @@ TEST_CASE("device_allocator: randomized threads over four arenas keep the books"
           const unsigned roll = rng() % 100;
           if (roll < 50 || mine.empty()) {
             const std::size_t bytes = (rng() % 4 == 0) ? (1 + rng() % 16) * 1_MiB : 512 * (1 + rng() % 2000);
-            void* p = alloc.allocate(bytes, streams[rng() % streams.size()]);
+            void* p = nullptr;
+            try {
+              p = alloc.allocate(bytes, streams[rng() % streams.size()]);
+            } catch (const out_of_memory&) {
+              ++ooms;
+              continue;
+            }
             const std::size_t size = alloc.allocation_size(p);
             const std::int64_t now = (live += static_cast<std::int64_t>(size));
             std::int64_t seen = most_live.load();
@@ -317,6 +330,8 @@ TEST_CASE("device_allocator: randomized threads over four arenas keep the books"
     const device_stats st = alloc.stats();
     REQUIRE(all(st.allocated_bytes) == 0);
     REQUIRE(peak(st.allocated_bytes) >= most_live.load());
+    REQUIRE(st.num_ooms == ooms.load());
+    if (capacity < 1_GiB) REQUIRE(ooms.load() > 0);  // the ladders ran
     require_consistent(alloc, sim);
     alloc.empty_cache();
     require_consistent(alloc, sim);
@@ -363,4 +378,40 @@ TEST_CASE("device_allocator: arenas:1 keeps one arena", "[arenas]") {
   REQUIRE_THROWS_AS(allocator_config::parse("arenas:5"), config_error);
   REQUIRE_THROWS_AS(allocator_config::parse("arenas:0"), config_error);
   REQUIRE(allocator_config{}.arenas == 4);
+}
+
+// The fork handlers hold every arena's lock; in the child, whose only
+// thread is the one that forked, every arena serves again.
+TEST_CASE("device_allocator: a forked child allocates from every arena", "[arenas]") {
+  sim_backend sim(plain_device());
+  device_allocator alloc(sim, allocator_config{});
+  const stream_handle s = sim.new_stream();
+  alloc.move_this_thread(1);
+  void* kept = alloc.allocate(1_MiB, s);
+  alloc.lock_for_fork();
+  const pid_t pid = fork();
+  if (pid == 0) {
+    alloc.unlock_after_fork();
+    int failed = 0;
+    try {
+      for (int arena = 0; arena < 2; ++arena) {
+        alloc.move_this_thread(arena);
+        void* p = alloc.allocate(3_MiB, s);
+        failed |= alloc.arena(arena).owns(p) ? 0 : 1;
+        alloc.free(p);
+      }
+      alloc.validate();
+    } catch (...) {
+      failed = 1;
+    }
+    _exit(failed);
+  }
+  alloc.unlock_after_fork();
+  REQUIRE(pid > 0);
+  int status = 0;
+  REQUIRE(waitpid(pid, &status, 0) == pid);
+  REQUIRE(WIFEXITED(status));
+  REQUIRE(WEXITSTATUS(status) == 0);
+  alloc.free(kept);
+  require_consistent(alloc, sim);
 }

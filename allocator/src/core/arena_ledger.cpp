@@ -1,45 +1,175 @@
 #include "streamalloc/core/arena_ledger.hpp"
 
+#include <stdexcept>
+#include <string>
+
 namespace streamalloc {
 
-void arena_ledger::seed(const device_stats& first) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  totals_ = first;
+namespace {
+
+// The counters of `stats` in the ledger's order, through `visit(index, counter)`.
+template <typename stats_type, typename fn>
+void for_each_indexed(stats_type& stats, fn&& visit) {
+  int index = 0;
+  for (stat_array device_stats::*array : device_stats::k_arrays) {
+    for (int t = 0; t < k_stat_type_count; ++t) visit(index++, (stats.*array)[t], array, t);
+  }
+  for (stat_counter device_stats::*counter : device_stats::k_counters) visit(index++, stats.*counter, nullptr, 0);
 }
 
-void arena_ledger::publish(device_stats& last, const device_stats& now, const held_back& held) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  const auto add = [](stat_counter& total, stat_counter& seen, std::int64_t value) {
-    total.current += value - seen.current;
-    if (total.current > total.peak) total.peak = total.current;
-    seen.current = value;
-  };
-  for (stat_array device_stats::*array : device_stats::k_arrays) {
-    const bool counts = array == &device_stats::allocation || array == &device_stats::active;
+}  // namespace
+
+std::size_t arena_ledger::index_of(stat_array device_stats::*array, stat_type type) {
+  std::size_t index = 0;
+  for (stat_array device_stats::*candidate : device_stats::k_arrays) {
+    if (candidate == array) break;
+    index += k_stat_type_count;
+  }
+  return index + static_cast<std::size_t>(type);
+}
+
+arena_ledger::counts arena_ledger::current_counts(const device_stats& stats, const held_back& held) {
+  counts out{};
+  for_each_indexed(stats, [&](int i, const stat_counter& c, stat_array device_stats::*array, int t) {
+    std::int64_t value = c.current;
+    const bool blocks = array == &device_stats::allocation || array == &device_stats::active;
     const bool bytes = array == &device_stats::allocated_bytes || array == &device_stats::active_bytes;
-    const std::array<std::int64_t, 2>* out = counts ? &held.blocks : bytes ? &held.bytes : nullptr;
-    for (int i = 0; i < k_stat_type_count; ++i) {
-      std::int64_t value = (now.*array)[i].current;
-      if (out != nullptr) {
-        const auto type = static_cast<stat_type>(i);
-        value -= type == stat_type::all ? (*out)[0] + (*out)[1] : (*out)[type == stat_type::small_pool ? 1 : 0];
+    if (blocks || bytes) {
+      const std::array<std::int64_t, 2>& kept = blocks ? held.blocks : held.bytes;
+      const auto type = static_cast<stat_type>(t);
+      value -= type == stat_type::all ? kept[0] + kept[1] : kept[type == stat_type::small_pool ? 1 : 0];
+    }
+    out[static_cast<std::size_t>(i)] = value;
+  });
+  return out;
+}
+
+void arena_ledger::seed(const device_stats& first, counts* last) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  share& s = shares_[0];
+  std::lock_guard<share> held(s);
+  for_each_indexed(first, [&](int i, const stat_counter& c, stat_array device_stats::*, int) {
+    const auto k = static_cast<std::size_t>(i);
+    peak_[k] = c.peak;
+    s.current[k] = c.current;
+    s.headroom[k] = c.peak - c.current;
+  });
+  *last = s.current;
+  arenas_ = 1;
+}
+
+void arena_ledger::join(int arena) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (arena + 1 > arenas_) arenas_ = arena + 1;
+}
+
+void arena_ledger::publish(int arena, counts* last, const counts& now) {
+  share& s = shares_[static_cast<std::size_t>(arena)];
+  {
+    std::lock_guard<share> held(s);
+    bool within = true;
+    for (std::size_t i = 0; i < now.size() && within; ++i) within = now[i] - (*last)[i] <= s.headroom[i];
+    if (within) {
+      for (std::size_t i = 0; i < now.size(); ++i) {
+        const std::int64_t delta = now[i] - (*last)[i];
+        if (delta == 0) continue;
+        s.current[i] += delta;
+        s.headroom[i] -= delta;
+        (*last)[i] = now[i];
       }
-      add((totals_.*array)[i], (last.*array)[i], value);
+      return;
     }
   }
-  for (stat_counter device_stats::*counter : device_stats::k_counters) {
-    add(totals_.*counter, last.*counter, (now.*counter).current);
+  std::lock_guard<std::mutex> lock(mutex_);
+  cross_locked(arena, last, now);
+}
+
+void arena_ledger::cross_locked(int arena, counts* last, const counts& now) {
+  share& own = shares_[static_cast<std::size_t>(arena)];
+  counts missing{};
+  {
+    std::lock_guard<share> held(own);
+    for (std::size_t i = 0; i < now.size(); ++i) {
+      const std::int64_t delta = now[i] - (*last)[i];
+      own.current[i] += delta;
+      own.headroom[i] -= delta;
+      if (own.headroom[i] < 0) {
+        missing[i] = -own.headroom[i];
+        own.headroom[i] = 0;
+      }
+    }
+    *last = now;
+  }
+  for (std::size_t i = 0; i < now.size(); ++i) {
+    if (missing[i] == 0) continue;
+    std::int64_t gathered = 0;
+    for (int a = 0; a < arenas_; ++a) {
+      share& s = shares_[static_cast<std::size_t>(a)];
+      std::lock_guard<share> held(s);
+      gathered += s.headroom[i];
+      s.headroom[i] = 0;
+    }
+    if (gathered >= missing[i]) {
+      gathered -= missing[i];
+    } else {
+      peak_[i] += missing[i] - gathered;
+      gathered = 0;
+    }
+    const std::int64_t each = gathered / arenas_;
+    for (int a = 0; a < arenas_; ++a) {
+      share& s = shares_[static_cast<std::size_t>(a)];
+      std::lock_guard<share> held(s);
+      s.headroom[i] += each + (a == arena ? gathered - each * arenas_ : 0);
+    }
   }
 }
 
 device_stats arena_ledger::totals() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return totals_;
+  counts sums{};
+  for (int a = 0; a < arenas_; ++a) {
+    share& s = shares_[static_cast<std::size_t>(a)];
+    std::lock_guard<share> held(s);
+    for (std::size_t i = 0; i < sums.size(); ++i) sums[i] += s.current[i];
+  }
+  device_stats out;
+  for_each_indexed(out, [&](int i, stat_counter& c, stat_array device_stats::*, int) {
+    c.current = sums[static_cast<std::size_t>(i)];
+    c.peak = peak_[static_cast<std::size_t>(i)];
+  });
+  return out;
 }
 
 void arena_ledger::reset_peaks() {
   std::lock_guard<std::mutex> lock(mutex_);
-  totals_.for_each_counter([](stat_counter& c) { c.reset_peak(); });
+  for (int a = 0; a < arenas_; ++a) shares_[static_cast<std::size_t>(a)].lock();
+  peak_ = counts{};
+  for (int a = 0; a < arenas_; ++a) {
+    share& s = shares_[static_cast<std::size_t>(a)];
+    for (std::size_t i = 0; i < peak_.size(); ++i) peak_[i] += s.current[i];
+    s.headroom = counts{};
+  }
+  for (int a = arenas_; a-- > 0;) shares_[static_cast<std::size_t>(a)].unlock();
+}
+
+void arena_ledger::validate(const counts& arena_sums) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (std::size_t i = 0; i < peak_.size(); ++i) {
+    std::int64_t current = 0;
+    std::int64_t headroom = 0;
+    for (int a = 0; a < arenas_; ++a) {
+      const share& s = shares_[static_cast<std::size_t>(a)];
+      if (s.headroom[i] < 0) throw std::logic_error("arena_ledger: a negative share of headroom");
+      current += s.current[i];
+      headroom += s.headroom[i];
+    }
+    const std::string which = "arena_ledger: counter " + std::to_string(i);
+    if (current != arena_sums[i]) {
+      throw std::logic_error(which + " is " + std::to_string(current) + " where the arenas sum to " +
+                             std::to_string(arena_sums[i]));
+    }
+    if (peak_[i] - current != headroom) throw std::logic_error(which + ": peak - current != the shares");
+  }
 }
 
 std::int64_t arena_ledger::reserved_elsewhere(int arena) const {

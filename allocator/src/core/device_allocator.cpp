@@ -43,7 +43,6 @@
 #include <chrono>
 #include <stdexcept>
 #include <iterator>
-#include <map>
 #include <string>
 
 #include "streamalloc/util/errors.hpp"
@@ -399,27 +398,12 @@ void device_allocator::validate() const {
   // Quiescent callers only (tests): the device's counts are the sums. The
   // arenas are read first: a reader returns their recent frees to the free
   // sets, and that reaches the ledger (Note [arenas]).
-  device_stats sums;
+  arena_ledger::counts sums{};
   for (int i = 0; i < count; ++i) {
-    const device_stats s = arena(i).stats();
-    for (stat_array device_stats::*array : device_stats::k_arrays) {
-      for (int t = 0; t < k_stat_type_count; ++t) (sums.*array)[t].current += (s.*array)[t].current;
-    }
-    for (stat_counter device_stats::*counter : device_stats::k_counters) (sums.*counter).current += (s.*counter).current;
+    const arena_ledger::counts part = arena_ledger::current_counts(arena(i).stats(), {});
+    for (std::size_t k = 0; k < sums.size(); ++k) sums[k] += part[k];
   }
-  const device_stats totals = ledger_.totals();
-  const std::map<std::string, double> device = totals.to_map();
-  const std::map<std::string, double> summed = sums.to_map();
-  for (const auto& [key, value] : summed) {
-    if (key.size() < 8 || key.compare(key.size() - 8, 8, ".current") != 0) continue;
-    const double counted = device.at(key);
-    if (counted != value) {
-      throw std::logic_error("device_allocator: " + key + " is " + std::to_string(counted) +
-                             " where the arenas sum to " + std::to_string(value));
-    }
-    const std::string peak_key = key.substr(0, key.size() - 8) + ".peak";
-    if (device.at(peak_key) < counted) throw std::logic_error("device_allocator: " + peak_key + " below current");
-  }
+  ledger_.validate(sums);
 }
 
 void device_allocator::lock_for_fork() {

@@ -1,8 +1,20 @@
 // arena_ledger: what the arenas of one device share (Note [arenas] in
-// device_allocator.cpp): the device's statistics, whose peaks are of the
-// sum over arenas; each arena's reserved bytes, so that the memory-fraction
-// cap holds for the device; the lock growth takes; and the way an arena
-// out of memory reaches the others' caches.
+// device_allocator.cpp): the device's current and peak counts, whose peaks
+// are of the sum over arenas; each arena's reserved bytes, so that the
+// memory-fraction cap holds for the device; the lock growth takes; and the
+// way an arena out of memory reaches the others' caches.
+//
+// Note [peak headroom]: an exact peak of a sum needs every change in one
+// order, but a shared counter written by every call would bring back the
+// contention arenas remove. So each arena holds, per counter, a share of
+// the headroom between the device's peak and its current sum: an increase
+// within the arena's share takes from it, a decrease adds to it, both
+// under a lock of that arena's alone; while every arena stays within its
+// share the sum cannot pass the peak. An increase beyond the share (a
+// crossing) takes the ledger's lock, gathers every arena's share, raises
+// the peak by what is still missing, and deals what is left out evenly.
+// Invariant, per counter: peak - sum of currents = sum of shares, each
+// share >= 0.
 #pragma once
 
 #include <array>
@@ -11,6 +23,7 @@
 #include <functional>
 #include <mutex>
 
+#include "streamalloc/core/adaptive_mutex.hpp"
 #include "streamalloc/core/config.hpp"
 #include "streamalloc/core/stats.hpp"
 
@@ -19,30 +32,42 @@ namespace streamalloc {
 class arena_ledger {
  public:
   static constexpr int k_max_arenas = static_cast<int>(allocator_config::k_max_arenas);
+  // Every current/peak counter of device_stats: the arrays' entries, then
+  // the single counters.
+  static constexpr int k_counters =
+      static_cast<int>(std::size(device_stats::k_arrays)) * k_stat_type_count +
+      static_cast<int>(std::size(device_stats::k_counters));
+  using counts = std::array<std::int64_t, k_counters>;
 
-  // The device's current and peak counts, whose peaks are of the sum over
-  // arenas (the cumulative ones are the arenas' own, summed by readers).
-  // Arena 0's counts become the device's, peaks included.
-  void seed(const device_stats& first);
-  // Adds how the current counts of an arena moved since its last publish
-  // (`last`, updated) to the device's and raises their peaks. Called by
-  // the arena at the end of each critical section, so the sums run through
-  // the calls in an order they could have run in under one lock.
-  // `held` is what the arena's recent frees (Note [recent frees]) keep
-  // counted as allocated and active, left out here: they are free.
+  // What an arena's recent frees (Note [recent frees]) keep counted as
+  // allocated and active: left out of what it publishes, they are free.
   struct held_back {
     std::array<std::int64_t, 2> blocks{};  // index: the segment is small
     std::array<std::int64_t, 2> bytes{};
   };
-  void publish(device_stats& last, const device_stats& now, const held_back& held);
-  // The device's counts: current and peak of every counter (the rest of
-  // the fields as seeded, for the caller to fill in).
+  // Where `array`'s entry of `type` is in a counts.
+  static std::size_t index_of(stat_array device_stats::*array, stat_type type);
+  // The counts an arena publishes: its current ones less what it holds back.
+  static counts current_counts(const device_stats& stats, const held_back& held);
+
+  // Arena 0's counts become the device's, peaks included; `last` is what
+  // arena 0 has published from now on.
+  void seed(const device_stats& first, counts* last);
+  // Arena `arena` (> 0, fresh: nothing counted) joins.
+  void join(int arena);
+  // Moves arena `arena`'s published counts from `*last` to `now` (Note
+  // [peak headroom]). Called by the arena at the end of each critical
+  // section, so the sums run through the calls in an order they could have
+  // run in under one lock.
+  void publish(int arena, counts* last, const counts& now);
+  // The device's current and peak counts (everything else zero).
   device_stats totals() const;
-  // Peaks to current values (the arenas reset their own).
+  // Peaks to the current sums.
   void reset_peaks();
-  // The counts' lock, held across fork() (device_allocator::lock_for_fork).
-  void lock_for_fork() { mutex_.lock(); }
-  void unlock_after_fork() { mutex_.unlock(); }
+  // Throws std::logic_error unless the invariant of Note [peak headroom]
+  // holds and `arena_sums` (current counts summed over the arenas, read
+  // while nothing runs) are the device's.
+  void validate(const counts& arena_sums) const;
 
   // Each arena's reserved bytes, written by the arena after it changes.
   void set_reserved(int arena, std::int64_t bytes) { reserved_[arena].store(bytes, std::memory_order_relaxed); }
@@ -57,9 +82,33 @@ class arena_ledger {
   void set_release_elsewhere(release_elsewhere_fn fn) { release_elsewhere_ = std::move(fn); }
   bool release_elsewhere(int arena) const { return release_elsewhere_ && release_elsewhere_(arena); }
 
+  // The ledger's lock, held across fork() (device_allocator::lock_for_fork;
+  // a share's lock is only held inside it or by a thread holding its
+  // arena's lock).
+  void lock_for_fork() { mutex_.lock(); }
+  void unlock_after_fork() { mutex_.unlock(); }
+
  private:
-  mutable std::mutex mutex_;  // guards totals_
-  device_stats totals_;
+  // One arena's part, on cache lines of its own.
+  struct alignas(64) share {
+    void lock() {
+      while (held.exchange(true, std::memory_order_acquire)) {
+        while (held.load(std::memory_order_relaxed)) adaptive_mutex::pause();
+      }
+    }
+    void unlock() { held.store(false, std::memory_order_release); }
+    std::atomic<bool> held{false};
+    counts current{};
+    counts headroom{};
+  };
+  // A crossing: `arena` applies `now` with the ledger's lock held.
+  void cross_locked(int arena, counts* last, const counts& now);
+
+  // Crossings, readers and resets; taken before any share's lock.
+  mutable std::mutex mutex_;
+  counts peak_{};
+  int arenas_ = 1;  // arenas that joined
+  mutable std::array<share, k_max_arenas> shares_;
   std::array<std::atomic<std::int64_t>, k_max_arenas> reserved_{};
   std::mutex growth_mutex_;
   release_elsewhere_fn release_elsewhere_;

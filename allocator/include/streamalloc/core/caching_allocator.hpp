@@ -700,7 +700,7 @@ class caching_allocator {
   // arenas, its index, and its statistics as last published there.
   arena_ledger* ledger_ = nullptr;
   int arena_ = 0;
-  device_stats published_;
+  arena_ledger::counts published_{};
   int captures_elsewhere_ = 0;  // guarded by mutex_
   contention_observer* contention_observer_ = nullptr;
   // Publishes the statistics of the critical section ending (no-op with
