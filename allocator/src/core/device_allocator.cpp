@@ -44,6 +44,7 @@
 #include <stdexcept>
 #include <iterator>
 #include <string>
+#include <unordered_map>
 
 #include "streamalloc/util/errors.hpp"
 
@@ -53,7 +54,7 @@ namespace {
 std::atomic<std::uint64_t> g_next_id{1};
 }  // namespace
 
-// A thread's arena on one device allocator, and its current window.
+// A thread's arena on one device allocator, and its run of contended calls.
 struct device_allocator::thread_entry {
   std::uint64_t id = 0;  // 0: unused
   int arena = 0;
@@ -62,10 +63,39 @@ struct device_allocator::thread_entry {
 };
 
 namespace {
-// A few entries per thread: one per device allocator it uses (the oldest
-// is overwritten past that, which sends the thread back to arena 0 there).
-constexpr int k_thread_entries = 8;
+
+// The device allocators alive, by id, so that a thread leaving can take
+// itself off the counts of one that may be gone by then. Never destroyed:
+// threads may exit after static destruction.
+std::mutex& registry_mutex() {
+  static auto* mutex = new std::mutex;
+  return *mutex;
+}
+std::unordered_map<std::uint64_t, device_allocator*>& registry() {
+  static auto* allocators = new std::unordered_map<std::uint64_t, device_allocator*>;
+  return *allocators;
+}
+
 }  // namespace
+
+// A thread's entries: one per device allocator it uses, the oldest
+// overwritten past k_entries (which sends the thread back to the arena
+// with the fewest threads there). On the thread's exit its arenas count it
+// no more.
+struct device_allocator::thread_entries {
+  static constexpr int k_entries = 8;
+  std::array<thread_entry, k_entries> entries{};
+  int next = 0;
+  ~thread_entries() {
+    for (const thread_entry& e : entries) leave(e);
+  }
+  static void leave(const thread_entry& e) {
+    if (e.id == 0) return;
+    std::lock_guard<std::mutex> lock(registry_mutex());
+    auto it = registry().find(e.id);
+    if (it != registry().end()) it->second->thread_left(e.arena);
+  }
+};
 
 device_allocator::device_allocator(device_backend& backend, allocator_config config)
     : backend_(backend), id_(g_next_id.fetch_add(1, std::memory_order_relaxed)) {
@@ -75,26 +105,43 @@ device_allocator::device_allocator(device_backend& backend, allocator_config con
   if (max_arenas_ > 1) owned_[0]->set_contention_observer(this);
   arenas_[0].store(owned_[0].get(), std::memory_order_release);
   ledger_.set_release_elsewhere([this](int arena) { return release_elsewhere(arena); });
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  registry().emplace(id_, this);
 }
 
 device_allocator::~device_allocator() {
+  {
+    std::lock_guard<std::mutex> lock(registry_mutex());
+    registry().erase(id_);
+  }
   // Later arenas first: they were made from arena 0's settings and hold
   // nothing arena 0 needs.
   for (int i = k_max_arenas - 1; i >= 0; --i) owned_[static_cast<std::size_t>(i)].reset();
 }
 
 device_allocator::thread_entry& device_allocator::this_thread() const {
-  thread_local std::array<thread_entry, k_thread_entries> entries{};
-  thread_local int next_slot = 0;
-  for (thread_entry& e : entries) {
+  thread_local thread_entries mine;
+  for (thread_entry& e : mine.entries) {
     if (e.id == id_) return e;
   }
-  thread_entry& e = entries[static_cast<std::size_t>(next_slot)];
-  next_slot = (next_slot + 1) % k_thread_entries;
-  e = thread_entry{id_, 0, 0, 0};
+  thread_entry& e = mine.entries[static_cast<std::size_t>(mine.next)];
+  mine.next = (mine.next + 1) % thread_entries::k_entries;
+  thread_entries::leave(e);
+  // A thread that comes once there are several arenas starts on the one
+  // with the fewest threads rather than where the contention began.
   std::lock_guard<std::mutex> lock(arenas_mutex_);
-  ++const_cast<device_allocator*>(this)->threads_[0];
+  int arena = 0;
+  for (int i = 1; i < arena_count(); ++i) {
+    if (threads_[static_cast<std::size_t>(i)] < threads_[static_cast<std::size_t>(arena)]) arena = i;
+  }
+  e = thread_entry{id_, arena, 0, 0};
+  ++threads_[static_cast<std::size_t>(arena)];
   return e;
+}
+
+void device_allocator::thread_left(int arena) {
+  std::lock_guard<std::mutex> lock(arenas_mutex_);
+  --threads_[static_cast<std::size_t>(arena)];
 }
 
 caching_allocator& device_allocator::allocating_arena(const thread_entry& mine) const {

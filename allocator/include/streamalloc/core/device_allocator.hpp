@@ -108,6 +108,9 @@ class device_allocator final : private caching_allocator::contention_observer {
 
  private:
   struct thread_entry;
+  struct thread_entries;
+  // A thread counted on `arena` has exited (or moved its entry elsewhere).
+  void thread_left(int arena);
   void* allocate_in_arenas(std::size_t bytes, stream_handle stream);
   void free_in_arenas(void* ptr);
   thread_entry& this_thread() const;
@@ -136,7 +139,7 @@ class device_allocator final : private caching_allocator::contention_observer {
   std::atomic<int> routed_{0};
   // Guards making arenas, moves, and the settings later arenas start with.
   mutable std::mutex arenas_mutex_;
-  std::array<int, k_max_arenas> threads_{};  // threads assigned to each arena
+  mutable std::array<int, k_max_arenas> threads_{};  // threads on each arena
   std::vector<int> peers_;
   trace_listener* listener_ = nullptr;
   int captures_ = 0;
