@@ -727,7 +727,6 @@ bool caching_allocator::free_if_owned(void* ptr) {
   return free_through_lock(ptr, /*must_own=*/false);
 }
 
-
 bool caching_allocator::free_locked(void* ptr, bool must_own) {
   unpark_locked();
   const std::size_t slot = allocated_.slot_of(to_address(ptr));

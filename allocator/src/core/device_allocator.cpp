@@ -6,27 +6,32 @@
 // share that state; four of them held about one allocator's peak memory on
 // the threads pattern (forty-ninth session). So a device has up to
 // `arenas` arenas (a setting: four, the most, by default), each a
-// caching_allocator with its own lock, pools and segments. Every thread starts on arena 0, and a program whose threads
-// do not allocate at once never leaves it: the device behaves exactly as one
-// caching_allocator. A thread whose calls keep finding the lock held
+// caching_allocator with its own lock, pools and segments. Every thread
+// starts on arena 0, and a program whose threads do not allocate at once
+// never leaves it: the device behaves exactly as one caching_allocator,
+// and only a call that finds the lock held pays for counting (the
+// contention observer). A thread whose calls keep finding the lock held
 // (k_contended_run of them, none more than k_contention_gap_ns after the
-// one before; only such calls pay for the count) moves to the arena
-// with the fewest threads, making one while fewer than `arenas` exist,
-// if that evens the load. A brief overlap does not move it: autograd's
-// backward thread takes turns with the main thread, and moving it would
-// split one step's memory over arenas that cannot reuse each other's
-// blocks.
+// one before) moves to the arena with the fewest threads, making one while
+// fewer than `arenas` exist, if that evens the load; once there are
+// several, a thread that comes later starts on the one with the fewest
+// threads, and a thread that exits is counted off. A brief overlap does
+// not move a thread: autograd's backward thread takes turns with the main
+// thread, and moving it would split one step's memory over arenas that
+// cannot reuse each other's blocks.
 //
 // With more than one arena, the arenas share an arena_ledger:
 // - torch's current and peak counts are of the device: each arena
 //   publishes how its current counts moved at the end of every critical
-//   section, under the ledger's lock, and the ledger raises the peaks of
-//   the sums. A call's publish is its place in one order of all calls, in
-//   which the sums are exact. Recent frees, which an arena keeps counted
-//   as allocated, are left out of what it publishes, and the lock-free
-//   repeat is off (a block parked without the lock would count as
-//   allocated until the arena's next critical section). Cumulative counts
-//   stay per arena and are summed by readers.
+//   section, and the ledger keeps the peaks of the sums exact with shares
+//   of headroom, so that a publish within its arena's share touches only
+//   that arena's lines (Note [peak headroom] in arena_ledger.hpp). The
+//   publishes put the calls in one order they could have run in under one
+//   lock. Recent frees, which an arena keeps counted as allocated, are
+//   left out of what it publishes, and the lock-free repeat is off (a
+//   block parked without the lock would count as allocated until the
+//   arena's next critical section). Cumulative counts stay per arena and
+//   are summed by readers.
 // - the memory-fraction cap counts every arena's reserved bytes, and
 //   arenas grow one at a time (the ledger's growth lock);
 // - an arena out of memory has the others return their unused cached
