@@ -1,12 +1,14 @@
-// libFuzzer harness driving caching_allocator on the simulated device with a
-// sequence of operations decoded from the input: allocations of every size
-// class on several streams, frees (valid and invalid), stream uses, event
-// completion, empty_cache, memory fractions, private pools (captures,
+// libFuzzer harness driving a device_allocator on the simulated device with
+// a sequence of operations decoded from the input: allocations of every
+// size class on several streams, frees (valid and invalid), stream uses,
+// event completion, empty_cache, memory fractions, private pools (captures,
 // MemPools with use_on_oom and no_split, emptying one pool, checkpoints and
-// their restore, in plain segments or expandable ranges) and injected
-// device faults. After every operation the
-// invariant validator runs and the stats must equal an independent recount
-// from the snapshot.
+// their restore, in plain segments or expandable ranges), injected device
+// faults, and moves of the calling thread between arenas (Note [arenas]:
+// frees of another arena's blocks, the device's peaks over arenas, the cap
+// and the out-of-memory ladder across them). After every operation the
+// invariant validators run (every arena's and the ledger's) and the stats
+// must equal an independent recount from the snapshot.
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -18,7 +20,7 @@
 #include <vector>
 
 #include "streamalloc/backend/sim_backend.hpp"
-#include "streamalloc/core/caching_allocator.hpp"
+#include "streamalloc/core/device_allocator.hpp"
 #include "streamalloc/core/config.hpp"
 #include "streamalloc/util/bytes.hpp"
 #include "streamalloc/util/errors.hpp"
@@ -87,7 +89,7 @@ allocator_config decode_config(byte_reader& in) {
 }
 
 // The allocator's stats against a recount, and the device against both.
-void check_consistent(const caching_allocator& alloc, const sim_backend& sim, std::size_t op_index) {
+void check_consistent(const device_allocator& alloc, const sim_backend& sim, std::size_t op_index) {
   try {
     alloc.validate();
   } catch (const std::logic_error& e) {
@@ -114,7 +116,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   device.capacity_bytes = 1_GiB;
   device.events_complete_immediately = (in.byte() & 1) != 0;
   sim_backend sim(device);
-  caching_allocator alloc(sim, decode_config(in));
+  device_allocator alloc(sim, decode_config(in));
   stream_handle streams[k_stream_count];
   for (stream_handle& s : streams) s = sim.new_stream();
   const auto pick_stream = [&](std::uint8_t b) { return streams[b % k_stream_count]; };
@@ -132,7 +134,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   for (std::size_t op = 0; op < k_max_ops && !in.done(); ++op) {
     const std::uint8_t code = in.byte();
     try {
-      switch (code % 14) {
+      switch (code % 15) {
         case 0:
         case 1:
         case 2: {
@@ -229,6 +231,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
           }
           break;
         }
+        case 14:
+          // The calling thread moves to another arena (made on first use).
+          alloc.move_this_thread(in.byte() % device_allocator::k_max_arenas);
+          break;
         case 13: {
           // Checkpoint a pool, or restore its last checkpoint; a refused call
           // is a usage_error that changes nothing.
