@@ -112,7 +112,8 @@ TEST_CASE("device_allocator: current and peak counts are of the sum over arenas"
   st = alloc.stats();
   REQUIRE(all(st.allocated_bytes) == static_cast<std::int64_t>(16_MiB));
   REQUIRE(peak(st.allocated_bytes) == static_cast<std::int64_t>(16_MiB));
-  REQUIRE(all(st.reserved_bytes) == all(alloc.arena(0).stats().reserved_bytes) + all(alloc.arena(1).stats().reserved_bytes));
+  REQUIRE(all(st.reserved_bytes) ==
+          all(alloc.arena(0).stats().reserved_bytes) + all(alloc.arena(1).stats().reserved_bytes));
   // Cumulative counts are the arenas' sums.
   REQUIRE(st.allocated_bytes[0].allocated ==
           alloc.arena(0).stats().allocated_bytes[0].allocated + alloc.arena(1).stats().allocated_bytes[0].allocated);

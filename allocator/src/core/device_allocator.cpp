@@ -300,13 +300,17 @@ void device_allocator::create_or_incref_pool(pool_id id, std::shared_ptr<segment
 
 int device_allocator::pool_use_count(pool_id id) const { return arena(0).pool_use_count(id); }
 
-void device_allocator::set_pool_use_on_oom(pool_id id, bool use_on_oom) { arena(0).set_pool_use_on_oom(id, use_on_oom); }
+void device_allocator::set_pool_use_on_oom(pool_id id, bool use_on_oom) {
+  arena(0).set_pool_use_on_oom(id, use_on_oom);
+}
 
 void device_allocator::set_pool_no_split(pool_id id, bool no_split) { arena(0).set_pool_no_split(id, no_split); }
 
 pool_checkpoint device_allocator::checkpoint_pool(pool_id id) const { return arena(0).checkpoint_pool(id); }
 
-pool_restore_result device_allocator::restore_pool(const pool_checkpoint& state) { return arena(0).restore_pool(state); }
+pool_restore_result device_allocator::restore_pool(const pool_checkpoint& state) {
+  return arena(0).restore_pool(state);
+}
 
 bool device_allocator::pool_allocations_match(pool_id id, const std::vector<const void*>& expected) const {
   return arena(0).pool_allocations_match(id, expected);
@@ -354,7 +358,9 @@ device_stats device_allocator::stats() const {
   for (stat_array device_stats::*array : device_stats::k_arrays) {
     for (stat_counter& c : out.*array) c.allocated = c.freed = 0;
   }
-  for (stat_counter device_stats::*counter : device_stats::k_counters) (out.*counter).allocated = (out.*counter).freed = 0;
+  for (stat_counter device_stats::*counter : device_stats::k_counters) {
+    (out.*counter).allocated = (out.*counter).freed = 0;
+  }
   for (std::int64_t device_stats::*total : device_stats::k_totals) out.*total = 0;
   for (int i = 0; i < count; ++i) {
     const device_stats& s = parts[static_cast<std::size_t>(i)];
@@ -378,8 +384,9 @@ device_stats device_allocator::stats() const {
   out.external_fragmentation =
       free_cached == 0 ? 0.0 : 1.0 - static_cast<double>(largest) / static_cast<double>(free_cached);
   const std::int64_t allocated = at(out.allocated_bytes, stat_type::all).current;
+  const std::int64_t reserved = at(out.reserved_bytes, stat_type::all).current;
   out.reserved_allocated_ratio =
-      allocated == 0 ? 0.0 : static_cast<double>(at(out.reserved_bytes, stat_type::all).current) / static_cast<double>(allocated);
+      allocated == 0 ? 0.0 : static_cast<double>(reserved) / static_cast<double>(allocated);
   return out;
 }
 

@@ -1,9 +1,9 @@
 // device_allocator: the allocator of one device, over up to four arenas
 // (caching_allocators sharing an arena_ledger; the `arenas` setting caps
-// them). One arena serves every
-// thread until a thread keeps finding its lock held; that thread moves to
-// a less busy arena (Note [arenas] in device_allocator.cpp). The public
-// calls are caching_allocator's, for the whole device.
+// them). One arena serves every thread until a thread keeps finding its
+// lock held; that thread moves to a less busy arena (Note [arenas] in
+// device_allocator.cpp). The public calls are caching_allocator's, for the
+// whole device.
 #pragma once
 
 #include <array>
@@ -77,7 +77,7 @@ class device_allocator final : private caching_allocator::contention_observer {
   shareable_range share_range(const void* ptr) const;
 
   // The device's statistics: current and peak counts of the sum over arenas
-  // (exact peaks, Note [arenas]), cumulative counts summed.
+  // (exact peaks, Note [peak headroom]), cumulative counts summed.
   device_stats stats() const;
   usage current_usage() const;
   void reset_peak_stats();
@@ -97,7 +97,9 @@ class device_allocator final : private caching_allocator::contention_observer {
 
   // Arenas made so far (1 until a thread first moves), and one of them.
   int arena_count() const { return count_.load(std::memory_order_acquire); }
-  caching_allocator& arena(int index) const { return *arenas_[static_cast<std::size_t>(index)].load(std::memory_order_acquire); }
+  caching_allocator& arena(int index) const {
+    return *arenas_[static_cast<std::size_t>(index)].load(std::memory_order_acquire);
+  }
   // The arena this thread allocates from now.
   int arena_of_this_thread() const;
   // The most arenas this device makes (the `arenas` setting).
@@ -109,7 +111,7 @@ class device_allocator final : private caching_allocator::contention_observer {
  private:
   struct thread_entry;
   struct thread_entries;
-  // A thread counted on `arena` has exited (or moved its entry elsewhere).
+  // A thread counted on `arena` has exited (or its entry was overwritten).
   void thread_left(int arena);
   void* allocate_in_arenas(std::size_t bytes, stream_handle stream);
   void free_in_arenas(void* ptr);
