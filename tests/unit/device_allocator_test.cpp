@@ -5,6 +5,7 @@
 // arena out of memory takes the others' cached memory, captures route every
 // allocation to arena 0, and threads under lasting contention move.
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
@@ -340,8 +341,10 @@ TEST_CASE("device_allocator: randomized threads over four arenas keep the books"
   }
 }
 
-// Two threads that keep finding each other in the lock: within a few
-// windows one of them moves to a second arena.
+// Threads that keep finding each other in the lock: one of them moves to a
+// second arena. They run until one has, for at most 60 s: on a loaded
+// machine a descheduled holder stretches the gaps between contended calls
+// past the 1 ms that breaks a run, so a run of 128 may take a while.
 TEST_CASE("device_allocator: a thread under lasting contention moves to another arena", "[arenas][threads]") {
   sim_backend sim(immediate_events());
   device_allocator alloc(sim, allocator_config{});
@@ -352,7 +355,8 @@ TEST_CASE("device_allocator: a thread under lasting contention moves to another 
     threads.emplace_back([&, t] {
       std::mt19937 rng(static_cast<unsigned>(t));
       std::vector<void*> held;
-      for (int step = 0; step < 200000 && !moved.load(std::memory_order_relaxed); ++step) {
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+      while (!moved.load(std::memory_order_relaxed) && std::chrono::steady_clock::now() < deadline) {
         if (held.size() < 16 && rng() % 2 == 0) {
           held.push_back(alloc.allocate(512 * (1 + rng() % 4096), s));
         } else if (!held.empty()) {

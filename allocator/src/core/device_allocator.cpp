@@ -46,10 +46,12 @@
 
 #include <algorithm>
 #include <chrono>
-#include <stdexcept>
 #include <iterator>
+#include <stdexcept>
 #include <string>
 #include <unordered_map>
+
+#include <pthread.h>
 
 #include "streamalloc/util/errors.hpp"
 
@@ -71,10 +73,20 @@ namespace {
 
 // The device allocators alive, by id, so that a thread leaving can take
 // itself off the counts of one that may be gone by then. Never destroyed:
-// threads may exit after static destruction.
+// threads may exit after static destruction. Its lock is a leaf (held for
+// a lookup and an atomic decrement, or an insert or erase), and it is held
+// across fork(), so a forked child finds it unlocked and the map whole.
 std::mutex& registry_mutex() {
   static auto* mutex = new std::mutex;
   return *mutex;
+}
+void hold_registry_across_fork() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    const auto lock = [] { registry_mutex().lock(); };
+    const auto unlock = [] { registry_mutex().unlock(); };
+    pthread_atfork(lock, unlock, unlock);
+  });
 }
 std::unordered_map<std::uint64_t, device_allocator*>& registry() {
   static auto* allocators = new std::unordered_map<std::uint64_t, device_allocator*>;
@@ -110,6 +122,7 @@ device_allocator::device_allocator(device_backend& backend, allocator_config con
   if (max_arenas_ > 1) owned_[0]->set_contention_observer(this);
   arenas_[0].store(owned_[0].get(), std::memory_order_release);
   ledger_.set_release_elsewhere([this](int arena) { return release_elsewhere(arena); });
+  hold_registry_across_fork();
   std::lock_guard<std::mutex> lock(registry_mutex());
   registry().emplace(id_, this);
 }
@@ -137,16 +150,19 @@ device_allocator::thread_entry& device_allocator::this_thread() const {
   std::lock_guard<std::mutex> lock(arenas_mutex_);
   int arena = 0;
   for (int i = 1; i < arena_count(); ++i) {
-    if (threads_[static_cast<std::size_t>(i)] < threads_[static_cast<std::size_t>(arena)]) arena = i;
+    if (threads_on(i) < threads_on(arena)) arena = i;
   }
   e = thread_entry{id_, arena, 0, 0};
-  ++threads_[static_cast<std::size_t>(arena)];
+  threads_[static_cast<std::size_t>(arena)].fetch_add(1, std::memory_order_relaxed);
   return e;
 }
 
 void device_allocator::thread_left(int arena) {
-  std::lock_guard<std::mutex> lock(arenas_mutex_);
-  --threads_[static_cast<std::size_t>(arena)];
+  threads_[static_cast<std::size_t>(arena)].fetch_sub(1, std::memory_order_relaxed);
+}
+
+int device_allocator::threads_on(int arena) const {
+  return threads_[static_cast<std::size_t>(arena)].load(std::memory_order_relaxed);
 }
 
 caching_allocator& device_allocator::allocating_arena(const thread_entry& mine) const {
@@ -179,7 +195,6 @@ void device_allocator::on_contended_call() {
   mine.contended_run = 0;
   std::lock_guard<std::mutex> lock(arenas_mutex_);
   const int count = arena_count();
-  const auto threads_on = [&](int i) { return threads_[static_cast<std::size_t>(i)]; };
   // The arena with the fewest threads; a new one has none.
   int to = count < max_arenas_ ? count : 0;
   for (int i = 0; i < count; ++i) {
@@ -191,8 +206,8 @@ void device_allocator::on_contended_call() {
 
 void device_allocator::move_locked(thread_entry& mine, int to) {
   while (arena_count() <= to) make_arena_locked();
-  --threads_[static_cast<std::size_t>(mine.arena)];
-  ++threads_[static_cast<std::size_t>(to)];
+  threads_[static_cast<std::size_t>(mine.arena)].fetch_sub(1, std::memory_order_relaxed);
+  threads_[static_cast<std::size_t>(to)].fetch_add(1, std::memory_order_relaxed);
   mine.arena = to;
 }
 

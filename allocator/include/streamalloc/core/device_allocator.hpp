@@ -113,6 +113,7 @@ class device_allocator final : private caching_allocator::contention_observer {
   struct thread_entries;
   // A thread counted on `arena` has exited (or its entry was overwritten).
   void thread_left(int arena);
+  int threads_on(int arena) const;
   void* allocate_in_arenas(std::size_t bytes, stream_handle stream);
   void free_in_arenas(void* ptr);
   thread_entry& this_thread() const;
@@ -141,7 +142,9 @@ class device_allocator final : private caching_allocator::contention_observer {
   std::atomic<int> routed_{0};
   // Guards making arenas, moves, and the settings later arenas start with.
   mutable std::mutex arenas_mutex_;
-  mutable std::array<int, k_max_arenas> threads_{};  // threads on each arena
+  // Threads on each arena: changed under arenas_mutex_, or by a thread
+  // leaving (under the registry's lock only, so that lock stays a leaf).
+  mutable std::array<std::atomic<int>, k_max_arenas> threads_{};
   std::vector<int> peers_;
   trace_listener* listener_ = nullptr;
   int captures_ = 0;
