@@ -115,10 +115,10 @@ struct device_allocator::thread_entries {
 };
 
 device_allocator::device_allocator(device_backend& backend, allocator_config config)
-    : backend_(backend), id_(g_next_id.fetch_add(1, std::memory_order_relaxed)) {
-  max_arenas_ = static_cast<int>(config.arenas);
+    : backend_(backend),
+      id_(g_next_id.fetch_add(1, std::memory_order_relaxed)),
+      max_arenas_(static_cast<int>(config.arenas)) {
   owned_[0] = std::make_unique<caching_allocator>(backend, std::move(config));
-  first_ = owned_[0].get();
   if (max_arenas_ > 1) owned_[0]->set_contention_observer(this);
   arenas_[0].store(owned_[0].get(), std::memory_order_release);
   ledger_.set_release_elsewhere([this](int arena) { return release_elsewhere(arena); });
@@ -219,7 +219,7 @@ void device_allocator::make_arena_locked() {
   made->set_memory_fraction(first.memory_fraction());
   for (const int peer : peers_) made->allow_peer_access(peer);
   if (listener_ != nullptr) made->set_trace_listener(listener_);
-  if (captures_ != 0) made->count_capture_elsewhere(captures_);
+  if (const int captures = routed_.load(std::memory_order_relaxed)) made->count_capture_elsewhere(captures);
   if (index == 1) first.join_ledger(&ledger_, 0);
   made->join_ledger(&ledger_, index);
   arenas_[static_cast<std::size_t>(index)].store(made.get(), std::memory_order_release);
@@ -293,7 +293,6 @@ void device_allocator::begin_allocate_to_pool(pool_id id, stream_filter filter) 
   std::lock_guard<std::mutex> lock(arenas_mutex_);
   arena(0).begin_allocate_to_pool(id, std::move(filter));
   routed_.fetch_add(1, std::memory_order_acq_rel);
-  ++captures_;
   const int count = arena_count();
   for (int i = 1; i < count; ++i) arena(i).count_capture_elsewhere(1);
 }
@@ -301,7 +300,6 @@ void device_allocator::begin_allocate_to_pool(pool_id id, stream_filter filter) 
 void device_allocator::end_allocate_to_pool(pool_id id) {
   std::lock_guard<std::mutex> lock(arenas_mutex_);
   arena(0).end_allocate_to_pool(id);
-  --captures_;
   const int count = arena_count();
   for (int i = 1; i < count; ++i) arena(i).count_capture_elsewhere(-1);
   routed_.fetch_sub(1, std::memory_order_acq_rel);

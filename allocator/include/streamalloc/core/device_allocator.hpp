@@ -40,12 +40,12 @@ class device_allocator final : private caching_allocator::contention_observer {
 
   // With one arena (no thread has moved yet) these go straight to it.
   void* allocate(std::size_t bytes, stream_handle stream) {
-    if (count_.load(std::memory_order_acquire) == 1) return first_->allocate(bytes, stream);
+    if (count_.load(std::memory_order_acquire) == 1) return owned_[0]->allocate(bytes, stream);
     return allocate_in_arenas(bytes, stream);
   }
   void free(void* ptr) {
     if (count_.load(std::memory_order_acquire) == 1) {
-      first_->free(ptr);
+      owned_[0]->free(ptr);
     } else {
       free_in_arenas(ptr);
     }
@@ -132,13 +132,14 @@ class device_allocator final : private caching_allocator::contention_observer {
   device_backend& backend_;
   const std::uint64_t id_;  // tells this allocator's thread entries from a destroyed one's
   arena_ledger ledger_;
+  // Owners of the arenas; owned_[0] is set once, before any call, and read
+  // without a lock by the one-arena path.
   std::array<std::unique_ptr<caching_allocator>, k_max_arenas> owned_;
-  caching_allocator* first_ = nullptr;  // arena 0
   std::array<std::atomic<caching_allocator*>, k_max_arenas> arenas_{};
   std::atomic<int> count_{1};
-  int max_arenas_ = 1;
-  // Allocations to a private pool underway: while nonzero, every thread
-  // allocates from arena 0.
+  const int max_arenas_;
+  // Allocations to a private pool underway (changed under arenas_mutex_):
+  // while nonzero, every thread allocates from arena 0.
   std::atomic<int> routed_{0};
   // Guards making arenas, moves, and the settings later arenas start with.
   mutable std::mutex arenas_mutex_;
@@ -147,7 +148,6 @@ class device_allocator final : private caching_allocator::contention_observer {
   mutable std::array<std::atomic<int>, k_max_arenas> threads_{};
   std::vector<int> peers_;
   trace_listener* listener_ = nullptr;
-  int captures_ = 0;
 };
 
 }  // namespace streamalloc

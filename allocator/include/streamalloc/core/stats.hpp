@@ -101,15 +101,6 @@ struct device_stats {
       &device_stats::num_recent_reuses,   &device_stats::num_combined_calls, &device_stats::num_chunk_maps,
       &device_stats::num_chunk_unmaps,    &device_stats::num_stitched_blocks, &device_stats::num_stitch_syncs};
 
-  // Every current/peak/allocated/freed counter, arrays' entries included.
-  template <typename fn>
-  void for_each_counter(fn&& visit) {
-    for (stat_array device_stats::*array : k_arrays) {
-      for (stat_counter& c : this->*array) visit(c);
-    }
-    for (stat_counter device_stats::*counter : k_counters) visit(this->*counter);
-  }
-
   // Flattened like torch.cuda.memory_stats(): "allocated_bytes.all.current".
   // Fragmentation entries are under "fragmentation.*".
   std::map<std::string, double> to_map() const;
