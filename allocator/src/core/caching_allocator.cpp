@@ -1377,10 +1377,8 @@ caching_allocator::usage caching_allocator::current_usage() const {
 void caching_allocator::reset_peak_stats() {
   std::lock_guard<adaptive_mutex> lock(mutex_);
   flush_recent_locked();
-  for (stat_array* array : {&stats_.allocation, &stats_.segment, &stats_.active, &stats_.inactive_split,
-                            &stats_.allocated_bytes, &stats_.reserved_bytes, &stats_.active_bytes,
-                            &stats_.inactive_split_bytes, &stats_.requested_bytes}) {
-    for (stat_counter& c : *array) c.reset_peak();
+  for (stat_array device_stats::*array : device_stats::k_arrays) {
+    for (stat_counter& c : stats_.*array) c.reset_peak();
   }
   stats_.oversize_allocations.reset_peak();
   stats_.oversize_segments.reset_peak();
@@ -1389,10 +1387,8 @@ void caching_allocator::reset_peak_stats() {
 void caching_allocator::reset_accumulated_stats() {
   std::lock_guard<adaptive_mutex> lock(mutex_);
   flush_recent_locked();
-  for (stat_array* array : {&stats_.allocation, &stats_.segment, &stats_.active, &stats_.inactive_split,
-                            &stats_.allocated_bytes, &stats_.reserved_bytes, &stats_.active_bytes,
-                            &stats_.inactive_split_bytes, &stats_.requested_bytes}) {
-    for (stat_counter& c : *array) c.reset_accumulated();
+  for (stat_array device_stats::*array : device_stats::k_arrays) {
+    for (stat_counter& c : stats_.*array) c.reset_accumulated();
   }
   stats_.oversize_allocations.reset_accumulated();
   stats_.oversize_segments.reset_accumulated();
