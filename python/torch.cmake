@@ -9,19 +9,9 @@ find_package(Python REQUIRED COMPONENTS Interpreter Development.Module)
 # will import this module. When torch is present but cannot be imported
 # (a build machine without the GPU libraries), its files are located
 # without importing it: torch >= 2.7 is always built with the C++11 ABI.
-# The query prints one field a line, lists joined with '|'; the last is
-# the C++ standard torch's own CMake config asks of code using its headers
-# (the highest cxx_std_NN TorchConfig.cmake names, else 17).
+# The query prints one field a line, lists joined with '|'.
 set(STREAMALLOC_LOCATE_TORCH [=[
-import importlib.util, os, re, sys
-def cxx_standard(root):
-    config = os.path.join(root, "share", "cmake", "Torch", "TorchConfig.cmake")
-    try:
-        with open(config) as f:
-            named = [int(n) for n in re.findall(r"cxx_std_(\d+)", f.read())]
-    except OSError:
-        named = []
-    return max(named + [17])
+import importlib.util, os, sys
 try:
     import torch
     from torch.utils import cpp_extension
@@ -30,7 +20,6 @@ try:
     print("|".join(cpp_extension.library_paths()))
     print(int(torch.compiled_with_cxx11_abi()))
     print(torch.__version__)
-    print(cxx_standard(os.path.dirname(torch.__file__)))
 except Exception as error:
     spec = importlib.util.find_spec("torch")
     if spec is None or not spec.submodule_search_locations:
@@ -42,7 +31,6 @@ except Exception as error:
     print(os.path.join(root, "lib"))
     print(1)
     print("unknown (import failed here: %s)" % " ".join(str(error).split()))
-    print(cxx_standard(root))
 ]=])
 
 execute_process(
@@ -61,9 +49,13 @@ list(GET torch_query 1 STREAMALLOC_TORCH_INCLUDE_DIRS)
 list(GET torch_query 2 STREAMALLOC_TORCH_LIBRARY_DIRS)
 list(GET torch_query 3 torch_cxx11_abi)
 list(GET torch_query 4 torch_version)
-list(GET torch_query 5 torch_cxx_standard)
 string(REPLACE "|" ";" STREAMALLOC_TORCH_INCLUDE_DIRS "${STREAMALLOC_TORCH_INCLUDE_DIRS}")
 string(REPLACE "|" ";" STREAMALLOC_TORCH_LIBRARY_DIRS "${STREAMALLOC_TORCH_LIBRARY_DIRS}")
+execute_process(
+  COMMAND ${Python_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/torch_cxx_standard.py ${STREAMALLOC_TORCH_ROOT}
+  OUTPUT_VARIABLE torch_cxx_standard
+  OUTPUT_STRIP_TRAILING_WHITESPACE
+  COMMAND_ERROR_IS_FATAL ANY)
 message(STATUS "streamalloc: torch ${torch_version} at ${STREAMALLOC_TORCH_ROOT} (its headers want C++${torch_cxx_standard})")
 # The core and its static archives are compiled with the toolchain's default
 # (C++11) ABI; a module mixing in the old ABI would not link.

@@ -7,8 +7,8 @@
 # from torch's wheel on PyPI (TORCH_SPEC, default torch==2.11.*, the torch
 # the GPU checks run), fetched once into TORCH_HEADERS_DIR (default
 # build/torch-headers). The C++ standard is the one torch's CMake config
-# asks for, as python/torch.cmake chooses it (the highest cxx_std_NN it
-# names, else C++17). Needs scripts/setup.sh's build (its generated
+# asks for, from python/torch_cxx_standard.py as python/torch.cmake has it
+# (the highest cxx_std_NN it names, else C++17). Needs scripts/setup.sh's build (its generated
 # version header). Prints "skipped: <reason>" and exits 0 when the headers,
 # Python's or the CUDA toolkit's cannot be had; exits 1 on a compile error.
 set -euo pipefail
@@ -56,9 +56,7 @@ PY
   fi
 fi
 torch_include="$torch_root/include"
-# The highest cxx_std_NN torch's config names, else 17 (python/torch.cmake's rule).
-standard=c++$( (grep -o 'cxx_std_[0-9]*' "$torch_root/share/cmake/Torch/TorchConfig.cmake" 2>/dev/null || true; echo cxx_std_17) |
-  sed 's/cxx_std_//' | sort -n | tail -n 1)
+standard=c++$(python3 python/torch_cxx_standard.py "$torch_root")
 
 python_include=$(python3 -c "import sysconfig; print(sysconfig.get_paths()['include'])")
 if [ ! -f "$python_include/Python.h" ]; then
