@@ -179,6 +179,19 @@ PYBIND11_MODULE(_C, m) {
       "The configuration in use (or that install() will use), in STREAMALLOC_CONF syntax.");
   m.def("config_keys", &config_keys, "(key, description) for every STREAMALLOC_CONF option.");
   m.def("device_count", &managed_device_count, "Devices streamalloc manages (0 until CUDA is initialised).");
+  // Private, for tests: several arenas without having to contend for them.
+  m.def(
+      "_use_arena", [](int index, int device) { allocator_of(device).move_this_thread(index); }, py::arg("index"),
+      py::arg("device"),
+      "Moves the calling thread to arena `index` of `device` (below the `arenas` setting), as sustained "
+      "contention would; for tests.");
+  m.def(
+      "_arena_count",
+      [](int device) {
+        const device_allocator* allocator = existing_allocator_of(device);
+        return allocator == nullptr ? 0 : allocator->arena_count();
+      },
+      py::arg("device"), "Arenas `device`'s allocator has made (0 before it exists); for tests.");
 
   bind_streams(m);
   bind_diagnosis(m);
