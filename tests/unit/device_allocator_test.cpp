@@ -166,6 +166,53 @@ TEST_CASE("device_allocator: an arena out of memory takes the other arenas' cach
   }
 }
 
+TEST_CASE("device_allocator: under the fraction an arena takes another's cache, a block just freed included",
+          "[arenas]") {
+  for (const bool vmm : {false, true}) {
+    CAPTURE(vmm);
+    sim_backend sim(vmm ? vmm_device(100_MiB) : plain_device(100_MiB));
+    device_allocator alloc(sim, allocator_config{});
+    const stream_handle s = sim.new_stream();
+    alloc.move_this_thread(1);  // arena 1 exists before arena 0's free
+    alloc.move_this_thread(0);
+    alloc.free(alloc.allocate(30_MiB, s));  // among arena 0's recent frees
+    alloc.set_memory_fraction(0.5);
+    void* p = nullptr;
+    std::thread other([&] {
+      alloc.move_this_thread(1);
+      p = alloc.allocate(40_MiB, s);
+    });
+    other.join();
+    REQUIRE(alloc.arena(1).owns(p));
+    REQUIRE(all(alloc.arena(0).stats().reserved_bytes) == 0);
+    REQUIRE(all(alloc.stats().reserved_bytes) <= static_cast<std::int64_t>(50_MiB));
+    REQUIRE(alloc.stats().num_ooms == 0);
+    alloc.free(p);
+    require_consistent(alloc, sim);
+  }
+}
+
+TEST_CASE("device_allocator: the snapshot's segments add up to the device's reserved bytes", "[arenas]") {
+  for (const bool vmm : {false, true}) {
+    CAPTURE(vmm);
+    sim_backend sim(vmm ? vmm_device() : plain_device());
+    device_allocator alloc(sim, allocator_config{});
+    const stream_handle s = sim.new_stream();
+    std::vector<void*> held;
+    alloc.move_this_thread(1);
+    for (const std::size_t n : {std::size_t{4096}, 3_MiB, 40_MiB}) held.push_back(alloc.allocate(n, s));
+    alloc.move_this_thread(2);
+    held.push_back(alloc.allocate(5_MiB, s));
+    alloc.move_this_thread(0);
+    held.push_back(alloc.allocate(2_MiB, s));
+    std::int64_t total = 0;
+    for (const segment_info& seg : alloc.snapshot().segments) total += static_cast<std::int64_t>(seg.total_size);
+    REQUIRE(total == all(alloc.stats().reserved_bytes));
+    for (void* p : held) alloc.free(p);
+    require_consistent(alloc, sim);
+  }
+}
+
 TEST_CASE("device_allocator: stats, snapshots, cache info and empty_cache cover every arena", "[arenas]") {
   sim_backend sim(plain_device());
   device_allocator alloc(sim, allocator_config{});

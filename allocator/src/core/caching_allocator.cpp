@@ -1449,6 +1449,9 @@ bool caching_allocator::release_cache_for_other(bool wait) {
   }
   // Plain unlock, not locked_call: the calls waiting here are left to their
   // own threads rather than run inside another arena's critical section.
+  // The recent frees go back to the free sets first, or the memory of a
+  // block freed just before would stay cached.
+  flush_recent_locked();
   const std::int64_t before = at(stats_.reserved_bytes, stat_type::all).current;
   if (capture_count_.load(std::memory_order_relaxed) == 0) {
     if (!pending_.empty() || !awaiting_device_sync_.empty()) synchronize_pending_locked();
