@@ -85,6 +85,11 @@ result["stats"] = {
     "snapshot_allocated": sum(s["allocated_size"] for s in snapshot["segments"]),
     "allocated_total": torch.cuda.memory_allocated(),
     "tensors_in_snapshot": [t.data_ptr() in blocks for t in tensors],
+    "segments": [
+        [s["address"], s["total_size"], s["allocated_size"], s["segment_type"], s["is_expandable"]]
+        for s in snapshot["segments"]
+    ],
+    "reserved_by_pool": {k: v for k, v in stats.items() if k.startswith("reserved_bytes.") and k.endswith(".current")},
 }
 
 # --- the peak of the sum, and frees from arena 0 ------------------------------
@@ -214,7 +219,7 @@ def allocate_and_free():
 
 address = on_arena(1, allocate_and_free)
 traces = torch.cuda.memory._snapshot()["device_traces"][DEVICE]
-result["history"] = [t["action"] for t in traces if t["addr"] == address]
+result["history"] = [t["action"] for t in traces if t["addr"] == address and not t["action"].startswith("segment_")]
 torch.cuda.memory._record_memory_history(enabled=None)
 
 torch.cuda.synchronize()
