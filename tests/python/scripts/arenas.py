@@ -77,14 +77,15 @@ blocks = live_blocks(snapshot)
 result["stats"] = {
     "arenas": streamalloc._C._arena_count(DEVICE),
     "live_bytes": sum(t.numel() * 4 for t in tensors),
-    "allocated": torch.cuda.memory_allocated() - baseline,
-    "values_ok": [bool((t == v).all()) for t, v in zip(tensors, expected_values)],
+    "allocated": stats["allocated_bytes.all.current"] - baseline,
     "mismatched_keys": sorted(k for k, v in stats.items() if isinstance(v, int) and ours.get(k) != v),
-    "reserved": torch.cuda.memory_reserved(),
+    "reserved": stats["reserved_bytes.all.current"],
     "snapshot_reserved": sum(s["total_size"] for s in snapshot["segments"]),
     "snapshot_allocated": sum(s["allocated_size"] for s in snapshot["segments"]),
-    "allocated_total": torch.cuda.memory_allocated(),
+    "allocated_total": stats["allocated_bytes.all.current"],
     "tensors_in_snapshot": [t.data_ptr() in blocks for t in tensors],
+    # Last: the comparisons allocate temporaries of their own.
+    "values_ok": [bool((t == v).all()) for t, v in zip(tensors, expected_values)],
     "segments": [
         [s["address"], s["total_size"], s["allocated_size"], s["segment_type"], s["is_expandable"]]
         for s in snapshot["segments"]
