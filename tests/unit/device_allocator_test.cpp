@@ -192,6 +192,25 @@ TEST_CASE("device_allocator: under the fraction an arena takes another's cache, 
   }
 }
 
+TEST_CASE("device_allocator: garbage collection counts and collects every arena's cache", "[arenas]") {
+  for (const bool vmm : {false, true}) {
+    CAPTURE(vmm);
+    sim_backend sim(vmm ? vmm_device(100_MiB) : plain_device(100_MiB));
+    allocator_config config;
+    config.garbage_collection_threshold = 0.5;
+    device_allocator alloc(sim, config);
+    const stream_handle s = sim.new_stream();
+    alloc.move_this_thread(1);
+    alloc.free(alloc.allocate(60_MiB, s));  // cached in arena 1, past the threshold's 50 MiB
+    alloc.move_this_thread(0);
+    void* p = alloc.allocate(20_MiB, s);  // fits beside it: only the collection frees it
+    REQUIRE(all(alloc.arena(1).stats().reserved_bytes) == 0);
+    REQUIRE(all(alloc.stats().reserved_bytes) <= static_cast<std::int64_t>(50_MiB));
+    alloc.free(p);
+    require_consistent(alloc, sim);
+  }
+}
+
 TEST_CASE("device_allocator: the snapshot's segments add up to the device's reserved bytes", "[arenas]") {
   for (const bool vmm : {false, true}) {
     CAPTURE(vmm);

@@ -360,7 +360,12 @@ block* caching_allocator::search_further_locked(std::size_t bytes, std::size_t r
   // Stage 4: grow by a new segment, after an optional garbage collection of
   // unused cached segments when reserved memory nears the cap.
   if (found == nullptr) {
-    if (!capturing && garbage_collection_due_locked()) release_unused_segments_locked();
+    if (!capturing && garbage_collection_due_locked()) {
+      release_unused_segments_locked();
+      // Note [arenas]: the threshold counts every arena's reserved bytes,
+      // so the others' unused cached memory is collected too.
+      if (ledger_ != nullptr && garbage_collection_due_locked()) ledger_->release_elsewhere(arena_);
+    }
     // Stitching synchronizes streams, which a capture forbids.
     found = grow(/*may_stitch=*/!capturing);
     // Before anything is released, a default-pool request may take a cached
