@@ -13,7 +13,7 @@ import torch
 import streamalloc
 from _common import emit
 
-streamalloc.install()
+streamalloc.install(arenas=4)  # the default, whatever STREAMALLOC_CONF says
 torch.cuda.init()
 DEVICE = torch.cuda.current_device()
 MiB = 1 << 20
