@@ -7,9 +7,9 @@
 # from torch's wheel on PyPI (TORCH_SPEC, default torch==2.11.*, the torch
 # the GPU checks run), fetched once into TORCH_HEADERS_DIR (default
 # build/torch-headers). The C++ standard is the one torch's CMake config
-# asks for, from python/torch_cxx_standard.py as python/torch.cmake has it
-# (the highest cxx_std_NN it names, else C++17). Needs scripts/setup.sh's build (its generated
-# version header). Prints "skipped: <reason>" and exits 0 when the headers,
+# asks for (the highest cxx_std_NN it names, else C++17), read by
+# python/torch_cxx_standard.py as for python/torch.cmake's build. Needs
+# scripts/setup.sh's build (its generated version header). Prints "skipped: <reason>" and exits 0 when the headers,
 # Python's or the CUDA toolkit's cannot be had; exits 1 on a compile error.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -1,8 +1,9 @@
 // device_allocator on the simulated device: arenas (Note [arenas] in
 // device_allocator.cpp). One arena behaves as one caching_allocator; with
 // several, frees find their arena from any thread, the device's counts and
-// peaks are of the sum, the memory-fraction cap holds for the device, an
-// arena out of memory takes the others' cached memory, captures route every
+// peaks are of the sum, the memory-fraction cap and the garbage-collection
+// threshold hold for the device, an arena out of memory takes the others'
+// cached memory (their recent frees included), captures route every
 // allocation to arena 0, and threads under lasting contention move.
 #include <atomic>
 #include <chrono>
