@@ -84,13 +84,13 @@ result["stats"] = {
     "snapshot_allocated": sum(s["allocated_size"] for s in snapshot["segments"]),
     "allocated_total": stats["allocated_bytes.all.current"],
     "tensors_in_snapshot": [t.data_ptr() in blocks for t in tensors],
-    # Last: the comparisons allocate temporaries of their own.
-    "values_ok": [bool((t == v).all()) for t, v in zip(tensors, expected_values)],
     "segments": [
         [s["address"], s["total_size"], s["allocated_size"], s["segment_type"], s["is_expandable"]]
         for s in snapshot["segments"]
     ],
     "reserved_by_pool": {k: v for k, v in stats.items() if k.startswith("reserved_bytes.") and k.endswith(".current")},
+    # Last: the comparisons allocate temporaries of their own.
+    "values_ok": [bool((t == v).all()) for t, v in zip(tensors, expected_values)],
 }
 
 # --- the peak of the sum, and frees from arena 0 ------------------------------
