@@ -364,7 +364,9 @@ block* caching_allocator::search_further_locked(std::size_t bytes, std::size_t r
       release_unused_segments_locked();
       // Note [arenas]: the threshold counts every arena's reserved bytes,
       // so the others' unused cached memory is collected too.
-      if (ledger_ != nullptr && garbage_collection_due_locked()) ledger_->release_elsewhere(arena_);
+      if (ledger_ != nullptr && garbage_collection_due_locked()) {
+        ledger_->release_elsewhere(arena_, arena_ledger::release_reason::collection);
+      }
     }
     // Stitching synchronizes streams, which a capture forbids.
     found = grow(/*may_stitch=*/!capturing);
@@ -397,7 +399,8 @@ block* caching_allocator::search_further_locked(std::size_t bytes, std::size_t r
 
   // Note [arenas]: before giving up, the other arenas of the device return
   // their unused cached memory, and growth is tried once more.
-  if (found == nullptr && !capturing && ledger_ != nullptr && ledger_->release_elsewhere(arena_)) {
+  if (found == nullptr && !capturing && ledger_ != nullptr &&
+      ledger_->release_elsewhere(arena_, arena_ledger::release_reason::out_of_memory)) {
     found = grow(/*may_stitch=*/true);
   }
 
@@ -1446,7 +1449,7 @@ void caching_allocator::count_capture_elsewhere(int delta) {
   if (captures_.empty() && captures_elsewhere_ == 0) finish_deferred_frees_locked();
 }
 
-bool caching_allocator::release_cache_for_other(bool wait) {
+bool caching_allocator::release_cache_for_other(bool wait, bool complete_pending) {
   if (wait) {
     mutex_.lock();
   } else if (!mutex_.try_lock()) {
@@ -1459,7 +1462,7 @@ bool caching_allocator::release_cache_for_other(bool wait) {
   flush_recent_locked();
   const std::int64_t before = at(stats_.reserved_bytes, stat_type::all).current;
   if (capture_count_.load(std::memory_order_relaxed) == 0) {
-    if (!pending_.empty() || !awaiting_device_sync_.empty()) synchronize_pending_locked();
+    if (complete_pending && (!pending_.empty() || !awaiting_device_sync_.empty())) synchronize_pending_locked();
     release_unused_segments_locked();
   }
   const bool released = at(stats_.reserved_bytes, stat_type::all).current < before;

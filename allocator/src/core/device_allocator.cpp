@@ -121,7 +121,8 @@ device_allocator::device_allocator(device_backend& backend, allocator_config con
   owned_[0] = std::make_unique<caching_allocator>(backend, std::move(config));
   if (max_arenas_ > 1) owned_[0]->set_contention_observer(this);
   arenas_[0].store(owned_[0].get(), std::memory_order_release);
-  ledger_.set_release_elsewhere([this](int arena) { return release_elsewhere(arena); });
+  ledger_.set_release_elsewhere(
+      [this](int arena, arena_ledger::release_reason why) { return release_elsewhere(arena, why); });
   hold_registry_across_fork();
   std::lock_guard<std::mutex> lock(registry_mutex());
   registry().emplace(id_, this);
@@ -239,11 +240,14 @@ void device_allocator::move_this_thread(int index) {
   move_locked(mine, index);
 }
 
-bool device_allocator::release_elsewhere(int from) {
+bool device_allocator::release_elsewhere(int from, arena_ledger::release_reason why) {
+  const bool out_of_memory = why == arena_ledger::release_reason::out_of_memory;
   bool released = false;
   const int count = arena_count();
   for (int i = 0; i < count; ++i) {
-    if (i != from && arena(i).release_cache_for_other(/*wait=*/i > from)) released = true;
+    if (i != from && arena(i).release_cache_for_other(/*wait=*/out_of_memory && i > from, out_of_memory)) {
+      released = true;
+    }
   }
   return released;
 }

@@ -76,11 +76,18 @@ class arena_ledger {
   // written back, so arenas growing at once cannot pass the cap together.
   std::mutex& growth_mutex() { return growth_mutex_; }
 
+  // Why an arena asks the others for their cached memory: out of memory,
+  // they first complete their pending frees and the arenas after it are
+  // waited for; for garbage collection, each returns only what is cached
+  // now and only if its lock is free.
+  enum class release_reason { out_of_memory, collection };
   // Set by the device allocator: frees other arenas' cached memory for
   // `arena`, which holds its own lock; true when anything was released.
-  using release_elsewhere_fn = std::function<bool(int arena)>;
+  using release_elsewhere_fn = std::function<bool(int arena, release_reason why)>;
   void set_release_elsewhere(release_elsewhere_fn fn) { release_elsewhere_ = std::move(fn); }
-  bool release_elsewhere(int arena) const { return release_elsewhere_ && release_elsewhere_(arena); }
+  bool release_elsewhere(int arena, release_reason why) const {
+    return release_elsewhere_ && release_elsewhere_(arena, why);
+  }
 
   // The ledger's lock, held across fork() (device_allocator::lock_for_fork;
   // a share's lock is only held inside it or by a thread holding its

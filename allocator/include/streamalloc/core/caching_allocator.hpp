@@ -230,10 +230,11 @@ class caching_allocator {
   // uses defer their events, as during a capture of this arena's own, until
   // every such count ends (delta +1 at its start, -1 at its end).
   void count_capture_elsewhere(int delta);
-  // Returns this arena's unused cached memory to the device, as
-  // empty_cache(), for another arena out of memory; with `wait` false,
-  // only if the lock is free now. True when anything was released.
-  bool release_cache_for_other(bool wait);
+  // Returns this arena's unused cached memory to the device for another
+  // arena: with `complete_pending`, after its pending frees complete, as
+  // empty_cache(); with `wait` false, only if the lock is free now. True
+  // when anything was released.
+  bool release_cache_for_other(bool wait, bool complete_pending);
 
  private:
   struct pool_pair {

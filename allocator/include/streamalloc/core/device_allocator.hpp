@@ -123,9 +123,10 @@ class device_allocator final : private caching_allocator::contention_observer {
   void move_locked(thread_entry& mine, int to);
   void make_arena_locked();
   // The ledger's way to other arenas' caches for arena `arena`, which
-  // holds its lock: arenas after it are waited for, those before it tried
-  // (the lock order is by index).
-  bool release_elsewhere(int arena);
+  // holds its lock: out of memory, arenas after it are waited for and
+  // those before it tried (the lock order is by index); for collection,
+  // every one is only tried.
+  bool release_elsewhere(int arena, arena_ledger::release_reason why);
   // The arena whose live allocation `ptr` is, or nullptr.
   caching_allocator* owner_of(const void* ptr) const;
 
