@@ -1,7 +1,9 @@
 #include "streamalloc/core/arena_ledger.hpp"
 
+#include <iterator>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 namespace streamalloc {
 
@@ -17,30 +19,43 @@ void for_each_indexed(stats_type& stats, fn&& visit) {
   for (stat_counter device_stats::*counter : device_stats::k_counters) visit(index++, stats.*counter, nullptr, 0);
 }
 
-}  // namespace
-
-std::size_t arena_ledger::index_of(stat_array device_stats::*array, stat_type type) {
-  std::size_t index = 0;
-  for (stat_array device_stats::*candidate : device_stats::k_arrays) {
-    if (candidate == array) break;
-    index += k_stat_type_count;
-  }
-  return index + static_cast<std::size_t>(type);
+// The current values in the ledger's order, the members named at compile
+// time (expanded, not looped over member pointers).
+template <std::size_t... a, std::size_t... c>
+void copy_currents(const device_stats& stats, arena_ledger::counts* out, std::index_sequence<a...>,
+                   std::index_sequence<c...>) {
+  constexpr std::size_t types = k_stat_type_count;
+  static_assert(types == 3, "one copy per stat_type below");
+  ((((*out)[a * types] = (stats.*device_stats::k_arrays[a])[0].current),
+    ((*out)[a * types + 1] = (stats.*device_stats::k_arrays[a])[1].current),
+    ((*out)[a * types + 2] = (stats.*device_stats::k_arrays[a])[2].current)),
+   ...);
+  constexpr std::size_t first = std::size(device_stats::k_arrays) * types;
+  (((*out)[first + c] = (stats.*device_stats::k_counters[c]).current), ...);
 }
 
+}  // namespace
+
+// Called at the end of every critical section of an arena: straight copies
+// and a fixed set of corrections, no search per counter.
 arena_ledger::counts arena_ledger::current_counts(const device_stats& stats, const held_back& held) {
-  counts out{};
-  for_each_indexed(stats, [&](int i, const stat_counter& c, stat_array device_stats::*array, int t) {
-    std::int64_t value = c.current;
-    const bool blocks = array == &device_stats::allocation || array == &device_stats::active;
-    const bool bytes = array == &device_stats::allocated_bytes || array == &device_stats::active_bytes;
-    if (blocks || bytes) {
-      const std::array<std::int64_t, 2>& kept = blocks ? held.blocks : held.bytes;
-      const auto type = static_cast<stat_type>(t);
-      value -= type == stat_type::all ? kept[0] + kept[1] : kept[type == stat_type::small_pool ? 1 : 0];
-    }
-    out[static_cast<std::size_t>(i)] = value;
-  });
+  counts out;
+  copy_currents(stats, &out, std::make_index_sequence<std::size(device_stats::k_arrays)>{},
+                std::make_index_sequence<std::size(device_stats::k_counters)>{});
+  // kept[0]: large segments, kept[1]: small ones.
+  const auto hold = [&out](std::size_t all, const std::array<std::int64_t, 2>& kept) {
+    out[all] -= kept[0] + kept[1];
+    out[all + static_cast<std::size_t>(stat_type::small_pool)] -= kept[1];
+    out[all + static_cast<std::size_t>(stat_type::large_pool)] -= kept[0];
+  };
+  constexpr std::size_t allocation = index_of(&device_stats::allocation, stat_type::all);
+  constexpr std::size_t active = index_of(&device_stats::active, stat_type::all);
+  constexpr std::size_t allocated_bytes = index_of(&device_stats::allocated_bytes, stat_type::all);
+  constexpr std::size_t active_bytes = index_of(&device_stats::active_bytes, stat_type::all);
+  hold(allocation, held.blocks);
+  hold(active, held.blocks);
+  hold(allocated_bytes, held.bytes);
+  hold(active_bytes, held.bytes);
   return out;
 }
 
@@ -67,16 +82,20 @@ void arena_ledger::publish(int arena, counts* last, const counts& now) {
   share& s = shares_[static_cast<std::size_t>(arena)];
   {
     std::lock_guard<share> held(s);
-    bool within = true;
-    for (std::size_t i = 0; i < now.size() && within; ++i) within = now[i] - (*last)[i] <= s.headroom[i];
-    if (within) {
+    // Branch-free passes over every counter: cheaper than skipping the
+    // unchanged ones, and what the compiler can vectorize.
+    counts delta;
+    std::int64_t beyond = 0;  // negative once any increase passes its share
+    for (std::size_t i = 0; i < now.size(); ++i) {
+      delta[i] = now[i] - (*last)[i];
+      beyond |= s.headroom[i] - delta[i];
+    }
+    if (beyond >= 0) {
       for (std::size_t i = 0; i < now.size(); ++i) {
-        const std::int64_t delta = now[i] - (*last)[i];
-        if (delta == 0) continue;
-        s.current[i] += delta;
-        s.headroom[i] -= delta;
-        (*last)[i] = now[i];
+        s.current[i] += delta[i];
+        s.headroom[i] -= delta[i];
       }
+      *last = now;
       return;
     }
   }

@@ -46,7 +46,14 @@ class arena_ledger {
     std::array<std::int64_t, 2> bytes{};
   };
   // Where `array`'s entry of `type` is in a counts.
-  static std::size_t index_of(stat_array device_stats::*array, stat_type type);
+  static constexpr std::size_t index_of(stat_array device_stats::*array, stat_type type) {
+    std::size_t index = 0;
+    for (stat_array device_stats::*candidate : device_stats::k_arrays) {
+      if (candidate == array) break;
+      index += k_stat_type_count;
+    }
+    return index + static_cast<std::size_t>(type);
+  }
   // The counts an arena publishes: its current ones less what it holds back.
   static counts current_counts(const device_stats& stats, const held_back& held);
 
