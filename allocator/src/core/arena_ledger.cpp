@@ -82,8 +82,8 @@ void arena_ledger::publish(int arena, counts* last, const counts& now) {
   share& s = shares_[static_cast<std::size_t>(arena)];
   {
     std::lock_guard<share> held(s);
-    // Branch-free passes over every counter: cheaper than skipping the
-    // unchanged ones, and what the compiler can vectorize.
+    // Branch-free passes over every counter: cheaper than a branch per
+    // counter to skip the unchanged ones.
     counts delta;
     std::int64_t beyond = 0;  // negative once any increase passes its share
     for (std::size_t i = 0; i < now.size(); ++i) {
