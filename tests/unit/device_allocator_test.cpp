@@ -45,6 +45,18 @@ void require_consistent(const device_allocator& alloc, const sim_backend& sim) {
   REQUIRE(problem.empty());
 }
 
+// `body(sim, alloc, stream)` on a fresh plain device and on a fresh one with
+// virtual memory, each of `capacity` bytes.
+template <typename fn>
+void on_plain_and_vmm(std::size_t capacity, const allocator_config& config, fn&& body) {
+  for (const bool vmm : {false, true}) {
+    CAPTURE(vmm);
+    sim_backend sim(vmm ? vmm_device(capacity) : plain_device(capacity));
+    device_allocator alloc(sim, config);
+    body(sim, alloc, sim.new_stream());
+  }
+}
+
 }  // namespace
 
 TEST_CASE("device_allocator: one arena until a thread moves, with arena 0's numbers", "[arenas]") {
@@ -64,11 +76,7 @@ TEST_CASE("device_allocator: one arena until a thread moves, with arena 0's numb
 }
 
 TEST_CASE("device_allocator: a free reaches the owning arena from any thread", "[arenas]") {
-  for (const bool vmm : {false, true}) {
-    CAPTURE(vmm);
-    sim_backend sim(vmm ? vmm_device() : plain_device());
-    device_allocator alloc(sim, allocator_config{});
-    const stream_handle s = sim.new_stream();
+  on_plain_and_vmm(80_GiB, allocator_config{}, [](sim_backend& sim, device_allocator& alloc, stream_handle s) {
     alloc.move_this_thread(1);
     REQUIRE(alloc.arena_count() == 2);
     void* in_one = alloc.allocate(5_MiB, s);
@@ -89,7 +97,7 @@ TEST_CASE("device_allocator: a free reaches the owning arena from any thread", "
     REQUIRE(all(alloc.stats().allocated_bytes) == 0);
     REQUIRE_THROWS_AS(alloc.free(in_zero), usage_error);
     require_consistent(alloc, sim);
-  }
+  });
 }
 
 TEST_CASE("device_allocator: current and peak counts are of the sum over arenas", "[arenas]") {
@@ -169,11 +177,7 @@ TEST_CASE("device_allocator: an arena out of memory takes the other arenas' cach
 
 TEST_CASE("device_allocator: under the fraction an arena takes another's cache, a block just freed included",
           "[arenas]") {
-  for (const bool vmm : {false, true}) {
-    CAPTURE(vmm);
-    sim_backend sim(vmm ? vmm_device(100_MiB) : plain_device(100_MiB));
-    device_allocator alloc(sim, allocator_config{});
-    const stream_handle s = sim.new_stream();
+  on_plain_and_vmm(100_MiB, allocator_config{}, [](sim_backend& sim, device_allocator& alloc, stream_handle s) {
     alloc.move_this_thread(1);  // arena 1 exists before arena 0's free
     alloc.move_this_thread(0);
     alloc.free(alloc.allocate(30_MiB, s));  // among arena 0's recent frees
@@ -190,17 +194,13 @@ TEST_CASE("device_allocator: under the fraction an arena takes another's cache, 
     REQUIRE(alloc.stats().num_ooms == 0);
     alloc.free(p);
     require_consistent(alloc, sim);
-  }
+  });
 }
 
 TEST_CASE("device_allocator: garbage collection counts and collects every arena's cache", "[arenas]") {
-  for (const bool vmm : {false, true}) {
-    CAPTURE(vmm);
-    sim_backend sim(vmm ? vmm_device(100_MiB) : plain_device(100_MiB));
-    allocator_config config;
-    config.garbage_collection_threshold = 0.5;
-    device_allocator alloc(sim, config);
-    const stream_handle s = sim.new_stream();
+  allocator_config config;
+  config.garbage_collection_threshold = 0.5;
+  on_plain_and_vmm(100_MiB, config, [](sim_backend& sim, device_allocator& alloc, stream_handle s) {
     alloc.move_this_thread(1);
     alloc.free(alloc.allocate(60_MiB, s));  // cached in arena 1, past the threshold's 50 MiB
     alloc.move_this_thread(0);
@@ -209,15 +209,11 @@ TEST_CASE("device_allocator: garbage collection counts and collects every arena'
     REQUIRE(all(alloc.stats().reserved_bytes) <= static_cast<std::int64_t>(50_MiB));
     alloc.free(p);
     require_consistent(alloc, sim);
-  }
+  });
 }
 
 TEST_CASE("device_allocator: the snapshot's segments add up to the device's reserved bytes", "[arenas]") {
-  for (const bool vmm : {false, true}) {
-    CAPTURE(vmm);
-    sim_backend sim(vmm ? vmm_device() : plain_device());
-    device_allocator alloc(sim, allocator_config{});
-    const stream_handle s = sim.new_stream();
+  on_plain_and_vmm(80_GiB, allocator_config{}, [](sim_backend& sim, device_allocator& alloc, stream_handle s) {
     std::vector<void*> held;
     alloc.move_this_thread(1);
     for (const std::size_t n : {std::size_t{4096}, 3_MiB, 40_MiB}) held.push_back(alloc.allocate(n, s));
@@ -230,7 +226,7 @@ TEST_CASE("device_allocator: the snapshot's segments add up to the device's rese
     REQUIRE(total == all(alloc.stats().reserved_bytes));
     for (void* p : held) alloc.free(p);
     require_consistent(alloc, sim);
-  }
+  });
 }
 
 TEST_CASE("device_allocator: stats, snapshots, cache info and empty_cache cover every arena", "[arenas]") {
