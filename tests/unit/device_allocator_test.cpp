@@ -25,10 +25,12 @@
 #include "streamalloc/util/bytes.hpp"
 #include "streamalloc/util/errors.hpp"
 #include "support/catch.hpp"
+#include "support/recount.hpp"
 #include "support/sim_fixture.hpp"
 
 using namespace streamalloc;
 using streamalloc::test::all;
+using streamalloc::test::check_snapshot_shape;
 using streamalloc::test::consistency_problem;
 using streamalloc::test::immediate_events;
 using streamalloc::test::manual_events;
@@ -401,6 +403,115 @@ TEST_CASE("device_allocator: randomized threads over four arenas keep the books"
     alloc.empty_cache();
     require_consistent(alloc, sim);
     REQUIRE(sim.used_bytes() == 0);
+  }
+}
+
+// What torch may call from any thread at any moment (memory_stats,
+// snapshots, empty_cache, reset_peak_memory_stats, the memory fraction)
+// while threads on four arenas allocate, with and without a collection
+// threshold: every read must already hold what one arena guarantees.
+// Reader-side failures are collected and asserted after the join (Catch2's
+// assertions are not thread-safe).
+namespace {
+
+std::string stats_read_problem(const device_stats& st) {
+  for (stat_array device_stats::*array : device_stats::k_arrays) {
+    for (const stat_counter& c : st.*array) {
+      if (c.current < 0) return "a current count below zero: " + std::to_string(c.current);
+      if (c.current > c.peak) {
+        return "a current count above its peak: " + std::to_string(c.current) + " > " + std::to_string(c.peak);
+      }
+    }
+  }
+  if (all(st.allocated_bytes) > all(st.reserved_bytes)) {
+    return "allocated " + std::to_string(all(st.allocated_bytes)) + " above reserved " +
+           std::to_string(all(st.reserved_bytes));
+  }
+  if (all(st.allocated_bytes) > all(st.active_bytes)) {
+    return "allocated " + std::to_string(all(st.allocated_bytes)) + " above active " +
+           std::to_string(all(st.active_bytes));
+  }
+  return {};
+}
+
+}  // namespace
+
+TEST_CASE("device_allocator: stats, snapshots and empty_cache from another thread while arenas allocate",
+          "[arenas][threads]") {
+  for (const double threshold : {0.0, 0.5}) {
+    for (const bool vmm : {false, true}) {
+      CAPTURE(threshold, vmm);
+      allocator_config config;
+      config.garbage_collection_threshold = threshold;
+      sim_backend sim(vmm ? vmm_device(256_MiB) : immediate_events(256_MiB));
+      device_allocator alloc(sim, config);
+      std::vector<stream_handle> streams;
+      for (int i = 0; i < 4; ++i) streams.push_back(sim.new_stream());
+      std::atomic<int> running{0};
+      std::atomic<bool> started{false};
+      // Workers go on until the reader has read this often while they ran.
+      constexpr int k_reads = 200;
+      std::atomic<int> reads{0};
+      std::vector<std::thread> workers;
+      constexpr int k_workers = 6;
+      for (int t = 0; t < k_workers; ++t) {
+        ++running;
+        workers.emplace_back([&, t] {
+          alloc.move_this_thread(t % device_allocator::k_max_arenas);
+          started = true;
+          std::mt19937 rng(static_cast<unsigned>(4321 + t));
+          std::vector<void*> mine;
+          for (int step = 0; step < 2500 || (reads.load() < k_reads && step < 1'000'000); ++step) {
+            if (mine.empty() || (mine.size() < 12 && rng() % 100 < 55)) {
+              const std::size_t bytes = rng() % 4 == 0 ? (1 + rng() % 12) * 1_MiB : 512 * (1 + rng() % 2000);
+              try {
+                void* p = alloc.allocate(bytes, streams[rng() % streams.size()]);
+                if (rng() % 8 == 0) alloc.record_stream(p, streams[rng() % streams.size()]);
+                mine.push_back(p);
+              } catch (const out_of_memory&) {
+              }
+            } else {
+              const std::size_t i = rng() % mine.size();
+              alloc.free(mine[i]);
+              mine[i] = mine.back();
+              mine.pop_back();
+            }
+          }
+          for (void* p : mine) alloc.free(p);
+          --running;
+        });
+      }
+      std::string problem;
+      int during = 0;  // reads that began while every worker still ran
+      while (!started.load()) std::this_thread::yield();
+      while (running.load() > 0 && problem.empty()) {
+        if (running.load() == k_workers) ++during;
+        const int read = ++reads;
+        problem = stats_read_problem(alloc.stats());
+        if (problem.empty() && read % 3 == 0) {
+          problem = check_snapshot_shape(alloc.snapshot(), alloc.config().min_block_bytes);
+        }
+        if (read % 5 == 0) {
+          std::size_t largest = 0;
+          std::size_t total = 0;
+          alloc.cache_info(&largest, &total);
+          if (largest > total) problem = "cache_info: the largest free block above the total";
+        }
+        if (read % 7 == 0) alloc.empty_cache();
+        if (read % 11 == 0) alloc.reset_peak_stats();
+        if (read % 13 == 0) alloc.set_memory_fraction(read % 2 == 0 ? 0.75 : 1.0);
+      }
+      for (std::thread& th : workers) th.join();
+      INFO(problem);
+      REQUIRE(problem.empty());
+      REQUIRE(during >= k_reads);
+      REQUIRE(alloc.arena_count() == device_allocator::k_max_arenas);
+      REQUIRE(all(alloc.stats().allocated_bytes) == 0);
+      require_consistent(alloc, sim);
+      alloc.empty_cache();
+      require_consistent(alloc, sim);
+      REQUIRE(sim.used_bytes() == 0);
+    }
   }
 }
 
