@@ -4,7 +4,8 @@
 // peaks are of the sum, the memory-fraction cap and the garbage-collection
 // threshold hold for the device, an arena out of memory takes the others'
 // cached memory (their recent frees included), captures route every
-// allocation to arena 0, and threads under lasting contention move.
+// allocation to arena 0, threads under lasting contention move, and what a
+// reader thread sees while arenas allocate holds.
 #include <atomic>
 #include <chrono>
 #include <cstddef>
@@ -57,6 +58,28 @@ void on_plain_and_vmm(std::size_t capacity, const allocator_config& config, fn&&
     device_allocator alloc(sim, config);
     body(sim, alloc, sim.new_stream());
   }
+}
+
+// What any reader may expect of stats() read while threads allocate; empty
+// when it holds.
+std::string stats_read_problem(const device_stats& st) {
+  for (stat_array device_stats::*array : device_stats::k_arrays) {
+    for (const stat_counter& c : st.*array) {
+      if (c.current < 0) return "a current count below zero: " + std::to_string(c.current);
+      if (c.current > c.peak) {
+        return "a current count above its peak: " + std::to_string(c.current) + " > " + std::to_string(c.peak);
+      }
+    }
+  }
+  if (all(st.allocated_bytes) > all(st.reserved_bytes)) {
+    return "allocated " + std::to_string(all(st.allocated_bytes)) + " above reserved " +
+           std::to_string(all(st.reserved_bytes));
+  }
+  if (all(st.allocated_bytes) > all(st.active_bytes)) {
+    return "allocated " + std::to_string(all(st.allocated_bytes)) + " above active " +
+           std::to_string(all(st.active_bytes));
+  }
+  return {};
 }
 
 }  // namespace
@@ -412,30 +435,6 @@ TEST_CASE("device_allocator: randomized threads over four arenas keep the books"
 // threshold: every read must already hold what one arena guarantees.
 // Reader-side failures are collected and asserted after the join (Catch2's
 // assertions are not thread-safe).
-namespace {
-
-std::string stats_read_problem(const device_stats& st) {
-  for (stat_array device_stats::*array : device_stats::k_arrays) {
-    for (const stat_counter& c : st.*array) {
-      if (c.current < 0) return "a current count below zero: " + std::to_string(c.current);
-      if (c.current > c.peak) {
-        return "a current count above its peak: " + std::to_string(c.current) + " > " + std::to_string(c.peak);
-      }
-    }
-  }
-  if (all(st.allocated_bytes) > all(st.reserved_bytes)) {
-    return "allocated " + std::to_string(all(st.allocated_bytes)) + " above reserved " +
-           std::to_string(all(st.reserved_bytes));
-  }
-  if (all(st.allocated_bytes) > all(st.active_bytes)) {
-    return "allocated " + std::to_string(all(st.allocated_bytes)) + " above active " +
-           std::to_string(all(st.active_bytes));
-  }
-  return {};
-}
-
-}  // namespace
-
 TEST_CASE("device_allocator: stats, snapshots and empty_cache from another thread while arenas allocate",
           "[arenas][threads]") {
   for (const double threshold : {0.0, 0.5}) {
