@@ -314,6 +314,170 @@ TEST_CASE("device_allocator: a capture sends every allocation to arena 0 and def
   require_consistent(alloc, sim);
 }
 
+// A thread of another arena allocates from arena 0 while a capture is
+// underway, and frees with a stream use: the free is arena 0's. Where arena
+// 0's own threads allocate only inside captures, the next capture's start
+// completes it (Note [arenas]).
+TEST_CASE("device_allocator: a capture's start completes arena 0's finished frees", "[arenas]") {
+  sim_backend sim(manual_events());
+  device_allocator alloc(sim, allocator_config{});
+  const stream_handle s1 = sim.new_stream();
+  const stream_handle s2 = sim.new_stream();
+  const stream_handle captured = sim.new_stream();
+  const auto in_capture = [&](pool_id id, auto&& body) {
+    alloc.begin_allocate_to_pool(id, [captured](stream_handle st) { return st == captured; });
+    body();
+    alloc.end_allocate_to_pool(id);
+    alloc.release_pool(id);
+  };
+  alloc.move_this_thread(1);
+  void* routed = nullptr;
+  in_capture(1, [&] {
+    routed = alloc.allocate(4_MiB, s1);
+    REQUIRE(alloc.arena(0).owns(routed));
+  });
+  alloc.record_stream(routed, s2);
+  alloc.free(routed);  // after the capture: its event is recorded at once
+  sim.complete_all_events();
+  const auto pending_bytes = [&] {
+    const device_stats st = alloc.arena(0).stats();
+    return all(st.active_bytes) - all(st.allocated_bytes);
+  };
+  REQUIRE(pending_bytes() > 0);  // nothing of arena 0 ran outside a capture
+  in_capture(2, [] {});
+  REQUIRE(pending_bytes() == 0);
+  // A capture already underway does not query events.
+  alloc.begin_allocate_to_pool(3, [captured](stream_handle st) { return st == captured; });
+  void* during = alloc.allocate(4_MiB, s1);
+  alloc.end_allocate_to_pool(3);
+  alloc.release_pool(3);
+  alloc.record_stream(during, s2);
+  alloc.free(during);
+  sim.complete_all_events();
+  alloc.begin_allocate_to_pool(4, [captured](stream_handle st) { return st == captured; });
+  const std::size_t queries = sim.counters().event_queries;
+  alloc.begin_allocate_to_pool(5, [captured](stream_handle st) { return st == captured; });
+  REQUIRE(sim.counters().event_queries == queries);
+  REQUIRE(pending_bytes() == 0);  // the first begin completed it
+  alloc.end_allocate_to_pool(5);
+  alloc.end_allocate_to_pool(4);
+  alloc.release_pool(5);
+  alloc.release_pool(4);
+  require_consistent(alloc, sim);
+}
+
+// Graph captures come and go on arena 0 while threads on the other arenas
+// (made as the captures run) allocate, free and record streams, a few
+// calls inside each capture (routed to arena 0) and more between: every
+// capture's blocks land in arena 0, nothing runs out of memory, and at the
+// end no arena defers or holds back a finished free.
+TEST_CASE("device_allocator: captures begin and end while threads allocate on other arenas", "[arenas][threads]") {
+  for (const bool vmm : {false, true}) {
+    CAPTURE(vmm);
+    sim_backend sim(vmm ? vmm_device(8_GiB) : immediate_events(8_GiB));
+    device_allocator alloc(sim, allocator_config{});
+    const stream_handle captured = sim.new_stream();
+    constexpr int k_workers = 3;
+    constexpr int k_calls_in_capture = 8;  // per worker and capture
+    std::vector<stream_handle> streams;
+    for (int i = 0; i < k_workers; ++i) streams.push_back(sim.new_stream());
+    std::atomic<bool> done{false};
+    std::atomic<int> phase{0};            // odd while a capture is underway
+    std::atomic<std::int64_t> calls{0};   // the workers' calls so far
+    std::atomic<int> ooms{0};
+    std::vector<std::thread> workers;
+    for (int t = 0; t < k_workers; ++t) {
+      workers.emplace_back([&, t] {
+        alloc.move_this_thread(1 + t);
+        std::mt19937 rng(static_cast<unsigned>(77 + t));
+        std::vector<void*> mine;
+        int seen_phase = -1;
+        int calls_in_phase = 0;
+        while (!done.load()) {
+          const int now = phase.load();
+          if (now != seen_phase) {
+            seen_phase = now;
+            calls_in_phase = 0;
+          }
+          if (now % 2 == 1 && calls_in_phase == k_calls_in_capture) {
+            std::this_thread::yield();
+            continue;
+          }
+          ++calls_in_phase;
+          if (mine.size() < 16 && (mine.empty() || rng() % 2 == 0)) {
+            try {
+              void* p = alloc.allocate(512 * (1 + rng() % 8192), streams[static_cast<std::size_t>(t)]);
+              if (rng() % 4 == 0) alloc.record_stream(p, streams[rng() % streams.size()]);
+              mine.push_back(p);
+            } catch (const out_of_memory&) {
+              ++ooms;
+            }
+          } else {
+            const std::size_t i = rng() % mine.size();
+            alloc.free(mine[i]);
+            mine[i] = mine.back();
+            mine.pop_back();
+          }
+          ++calls;
+        }
+        for (void* p : mine) alloc.free(p);
+      });
+    }
+    const auto wait_for_calls = [&](std::int64_t until) {
+      while (calls.load() < until) std::this_thread::yield();
+    };
+    bool all_in_arena_zero = true;
+    for (pool_id id = 1; id <= 100; ++id) {
+      // As a graph capture: begin takes a use of the pool, release_pool
+      // gives it back.
+      // The phase is odd from before the capture begins until after it
+      // ends. Calls are counted from before the phase turns: the workers
+      // may use up their calls in the capture before this thread looks.
+      const std::int64_t before = calls.load();
+      ++phase;
+      alloc.begin_allocate_to_pool(id, [captured](stream_handle st) { return st == captured; });
+      std::vector<void*> graph;
+      for (int i = 0; i < 4; ++i) graph.push_back(alloc.allocate(64_KiB << i, captured));
+      wait_for_calls(before + k_calls_in_capture);
+      alloc.end_allocate_to_pool(id);
+      ++phase;
+      for (void* p : graph) {
+        all_in_arena_zero = all_in_arena_zero && alloc.arena(0).owns(p);
+        alloc.free(p);
+      }
+      alloc.release_pool(id);
+      wait_for_calls(calls.load() + 64);
+    }
+    done = true;
+    for (std::thread& th : workers) th.join();
+    REQUIRE(all_in_arena_zero);
+    REQUIRE(ooms.load() == 0);
+    REQUIRE(alloc.arena_count() == k_workers + 1);
+    // The workers' last frees of arena 0's blocks wait for a capture's start.
+    alloc.begin_allocate_to_pool(1000, [captured](stream_handle st) { return st == captured; });
+    alloc.end_allocate_to_pool(1000);
+    alloc.release_pool(1000);
+    for (int a = 0; a <= k_workers; ++a) {
+      CAPTURE(a);
+      const device_stats st = alloc.arena(a).stats();
+      if (a == 0) REQUIRE(all(st.active_bytes) == all(st.allocated_bytes));
+      // No capture is underway: a free with a stream use records its event
+      // at once on every arena.
+      alloc.move_this_thread(a);
+      void* p = alloc.allocate(1_MiB, streams[0]);
+      REQUIRE(alloc.arena(a).owns(p));
+      alloc.record_stream(p, streams[1]);
+      const std::size_t records = sim.counters().event_records;
+      alloc.free(p);
+      REQUIRE(sim.counters().event_records == records + 1);
+    }
+    require_consistent(alloc, sim);
+    alloc.empty_cache();
+    require_consistent(alloc, sim);
+    REQUIRE(sim.used_bytes() == 0);
+  }
+}
+
 TEST_CASE("device_allocator: arenas made later get the listener, fraction and settings", "[arenas]") {
   struct counting_listener final : trace_listener {
     void on_trace(const trace_event* events, std::size_t count) override {

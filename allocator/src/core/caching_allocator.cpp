@@ -1449,6 +1449,11 @@ void caching_allocator::count_capture_elsewhere(int delta) {
   if (captures_.empty() && captures_elsewhere_ == 0) finish_deferred_frees_locked();
 }
 
+void caching_allocator::complete_finished_frees() {
+  locked_call call(*this);
+  if (capture_count_.load(std::memory_order_relaxed) == 0 && !pending_.empty()) process_events_locked();
+}
+
 bool caching_allocator::release_cache_for_other(bool wait, bool complete_pending) {
   if (wait) {
     mutex_.lock();

@@ -41,7 +41,13 @@
 // allocates. Private pools, CUDA graph captures and MemPools live in arena
 // 0: while an allocation to a pool is underway every thread allocates
 // there, and the other arenas defer the events of frees with stream uses
-// as a capturing arena does.
+// as a capturing arena does. The blocks other threads take from arena 0
+// then are freed back to it, and only an allocation of arena 0 outside a
+// capture completes its pending frees; where arena 0's threads allocate
+// only inside captures, those frees would pile up until memory ran out.
+// So the start of each capture completes arena 0's finished frees, as any
+// allocation outside a capture does on a device of one arena (and in
+// torch's allocator).
 #include "streamalloc/core/device_allocator.hpp"
 
 #include <algorithm>
@@ -295,6 +301,8 @@ double device_allocator::memory_fraction() const { return arena(0).memory_fracti
 
 void device_allocator::begin_allocate_to_pool(pool_id id, stream_filter filter) {
   std::lock_guard<std::mutex> lock(arenas_mutex_);
+  // Note [arenas]: arena 0's frees from other threads' blocks.
+  if (arena_count() > 1 && routed_.load(std::memory_order_relaxed) == 0) arena(0).complete_finished_frees();
   arena(0).begin_allocate_to_pool(id, std::move(filter));
   routed_.fetch_add(1, std::memory_order_acq_rel);
   const int count = arena_count();

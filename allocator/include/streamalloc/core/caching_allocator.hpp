@@ -230,6 +230,10 @@ class caching_allocator {
   // uses defer their events, as during a capture of this arena's own, until
   // every such count ends (delta +1 at its start, -1 at its end).
   void count_capture_elsewhere(int delta);
+  // Completes the pending frees whose events have completed, as this
+  // arena's next allocation outside a capture would; nothing while a
+  // capture is underway, when events may not be queried.
+  void complete_finished_frees();
   // Returns this arena's unused cached memory to the device for another
   // arena: with `complete_pending`, after its pending frees complete, as
   // empty_cache(); with `wait` false, only if the lock is free now. True
