@@ -44,7 +44,8 @@
 // as a capturing arena does. The blocks other threads take from arena 0
 // then are freed back to it, and only an allocation of arena 0 outside a
 // capture completes its pending frees; where arena 0's threads allocate
-// only inside captures, those frees would pile up until memory ran out.
+// only inside captures, those frees would stay reserved until an arena ran
+// short of memory.
 // So the start of each capture completes arena 0's finished frees, as any
 // allocation outside a capture does on a device of one arena (and in
 // torch's allocator).
