@@ -324,8 +324,9 @@ TEST_CASE("device_allocator: a capture's start completes arena 0's finished free
   const stream_handle s1 = sim.new_stream();
   const stream_handle s2 = sim.new_stream();
   const stream_handle captured = sim.new_stream();
+  const auto only_captured = [captured](stream_handle st) { return st == captured; };
   const auto in_capture = [&](pool_id id, auto&& body) {
-    alloc.begin_allocate_to_pool(id, [captured](stream_handle st) { return st == captured; });
+    alloc.begin_allocate_to_pool(id, only_captured);
     body();
     alloc.end_allocate_to_pool(id);
     alloc.release_pool(id);
@@ -347,16 +348,14 @@ TEST_CASE("device_allocator: a capture's start completes arena 0's finished free
   in_capture(2, [] {});
   REQUIRE(pending_bytes() == 0);
   // A capture already underway does not query events.
-  alloc.begin_allocate_to_pool(3, [captured](stream_handle st) { return st == captured; });
-  void* during = alloc.allocate(4_MiB, s1);
-  alloc.end_allocate_to_pool(3);
-  alloc.release_pool(3);
+  void* during = nullptr;
+  in_capture(3, [&] { during = alloc.allocate(4_MiB, s1); });
   alloc.record_stream(during, s2);
   alloc.free(during);
   sim.complete_all_events();
-  alloc.begin_allocate_to_pool(4, [captured](stream_handle st) { return st == captured; });
+  alloc.begin_allocate_to_pool(4, only_captured);
   const std::size_t queries = sim.counters().event_queries;
-  alloc.begin_allocate_to_pool(5, [captured](stream_handle st) { return st == captured; });
+  alloc.begin_allocate_to_pool(5, only_captured);
   REQUIRE(sim.counters().event_queries == queries);
   REQUIRE(pending_bytes() == 0);  // the first begin completed it
   alloc.end_allocate_to_pool(5);
@@ -377,6 +376,7 @@ TEST_CASE("device_allocator: captures begin and end while threads allocate on ot
     sim_backend sim(vmm ? vmm_device(8_GiB) : immediate_events(8_GiB));
     device_allocator alloc(sim, allocator_config{});
     const stream_handle captured = sim.new_stream();
+    const auto only_captured = [captured](stream_handle st) { return st == captured; };
     constexpr int k_workers = 3;
     constexpr int k_calls_in_capture = 8;  // per worker and capture
     std::vector<stream_handle> streams;
@@ -435,7 +435,7 @@ TEST_CASE("device_allocator: captures begin and end while threads allocate on ot
       // may use up their calls in the capture before this thread looks.
       const std::int64_t before = calls.load();
       ++phase;
-      alloc.begin_allocate_to_pool(id, [captured](stream_handle st) { return st == captured; });
+      alloc.begin_allocate_to_pool(id, only_captured);
       std::vector<void*> graph;
       for (int i = 0; i < 4; ++i) graph.push_back(alloc.allocate(64_KiB << i, captured));
       wait_for_calls(before + k_calls_in_capture);
@@ -454,7 +454,7 @@ TEST_CASE("device_allocator: captures begin and end while threads allocate on ot
     REQUIRE(ooms.load() == 0);
     REQUIRE(alloc.arena_count() == k_workers + 1);
     // The workers' last frees of arena 0's blocks wait for a capture's start.
-    alloc.begin_allocate_to_pool(1000, [captured](stream_handle st) { return st == captured; });
+    alloc.begin_allocate_to_pool(1000, only_captured);
     alloc.end_allocate_to_pool(1000);
     alloc.release_pool(1000);
     for (int a = 0; a <= k_workers; ++a) {

@@ -45,10 +45,9 @@
 // then are freed back to it, and only an allocation of arena 0 outside a
 // capture completes its pending frees; where arena 0's threads allocate
 // only inside captures, those frees would stay reserved until an arena ran
-// short of memory.
-// So the start of each capture completes arena 0's finished frees, as any
-// allocation outside a capture does on a device of one arena (and in
-// torch's allocator).
+// short of memory. So the start of each capture completes arena 0's
+// finished frees, as any allocation outside a capture does on a device of
+// one arena (and in torch's allocator).
 #include "streamalloc/core/device_allocator.hpp"
 
 #include <algorithm>
