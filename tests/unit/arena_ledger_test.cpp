@@ -38,9 +38,8 @@ TEST_CASE("arena_ledger: peaks are of the sum, whatever the order of publishes",
     first.allocated_bytes[0].current = 100;
     first.allocated_bytes[0].peak = 250;
     std::vector<counts> now(k_arenas, counts{});
-    std::vector<counts> last(k_arenas, counts{});
-    ledger.seed(first, &last[0]);
-    now[0] = last[0];
+    ledger.seed(first);
+    now[0] = ledger.published(0);
     for (int a = 1; a < k_arenas; ++a) ledger.join(a);
     counts expected_peak{};
     expected_peak[i_alloc] = 250;
@@ -52,8 +51,8 @@ TEST_CASE("arena_ledger: peaks are of the sum, whatever the order of publishes",
         const std::int64_t delta = static_cast<std::int64_t>(rng() % 200) - 90;
         now[static_cast<std::size_t>(a)][i] = std::max<std::int64_t>(0, now[static_cast<std::size_t>(a)][i] + delta);
       }
-      ledger.publish(a, &last[static_cast<std::size_t>(a)], now[static_cast<std::size_t>(a)]);
-      REQUIRE(last[static_cast<std::size_t>(a)] == now[static_cast<std::size_t>(a)]);
+      ledger.publish(a, now[static_cast<std::size_t>(a)]);
+      REQUIRE(ledger.published(a) == now[static_cast<std::size_t>(a)]);
       const counts sums = sum_of(now);
       for (std::size_t i = 0; i < sums.size(); ++i) expected_peak[i] = std::max(expected_peak[i], sums[i]);
       ledger.validate(sums);
@@ -71,8 +70,7 @@ TEST_CASE("arena_ledger: peaks are of the sum, whatever the order of publishes",
 TEST_CASE("arena_ledger: threads publishing at once keep the books", "[arenas][threads]") {
   arena_ledger ledger;
   constexpr int k_arenas = arena_ledger::k_max_arenas;
-  std::vector<counts> last(k_arenas, counts{});
-  ledger.seed(device_stats{}, &last[0]);
+  ledger.seed(device_stats{});
   for (int a = 1; a < k_arenas; ++a) ledger.join(a);
   std::vector<counts> final_counts(k_arenas, counts{});
   std::vector<std::int64_t> most(k_arenas, 0);
@@ -84,10 +82,10 @@ TEST_CASE("arena_ledger: threads publishing at once keep the books", "[arenas][t
       for (int step = 0; step < 20000; ++step) {
         now[0] = static_cast<std::int64_t>(rng() % 1000);
         most[static_cast<std::size_t>(a)] = std::max(most[static_cast<std::size_t>(a)], now[0]);
-        ledger.publish(a, &last[static_cast<std::size_t>(a)], now);
+        ledger.publish(a, now);
       }
       now[0] = 10;
-      ledger.publish(a, &last[static_cast<std::size_t>(a)], now);
+      ledger.publish(a, now);
       final_counts[static_cast<std::size_t>(a)] = now;
     });
   }

@@ -59,7 +59,7 @@ arena_ledger::counts arena_ledger::current_counts(const device_stats& stats, con
   return out;
 }
 
-void arena_ledger::seed(const device_stats& first, counts* last) {
+void arena_ledger::seed(const device_stats& first) {
   std::lock_guard<std::mutex> lock(mutex_);
   share& s = shares_[0];
   std::lock_guard<share> held(s);
@@ -69,7 +69,6 @@ void arena_ledger::seed(const device_stats& first, counts* last) {
     s.current[k] = c.current;
     s.headroom[k] = c.peak - c.current;
   });
-  *last = s.current;
   arenas_ = 1;
 }
 
@@ -78,46 +77,42 @@ void arena_ledger::join(int arena) {
   if (arena + 1 > arenas_) arenas_ = arena + 1;
 }
 
-void arena_ledger::publish(int arena, counts* last, const counts& now) {
+void arena_ledger::publish(int arena, const counts& now) {
   share& s = shares_[static_cast<std::size_t>(arena)];
   {
     std::lock_guard<share> held(s);
-    // Branch-free passes over every counter: cheaper than a branch per
-    // counter to skip the unchanged ones.
-    counts delta;
+    // One branch-free pass over every counter into a copy, then two block
+    // copies: cheaper than a branch per counter to skip the unchanged ones,
+    // and than passes that store each difference.
+    counts headroom;
     std::int64_t beyond = 0;  // negative once any increase passes its share
     for (std::size_t i = 0; i < now.size(); ++i) {
-      delta[i] = now[i] - (*last)[i];
-      beyond |= s.headroom[i] - delta[i];
+      headroom[i] = s.headroom[i] - (now[i] - s.current[i]);
+      beyond |= headroom[i];
     }
     if (beyond >= 0) {
-      for (std::size_t i = 0; i < now.size(); ++i) {
-        s.current[i] += delta[i];
-        s.headroom[i] -= delta[i];
-      }
-      *last = now;
+      s.headroom = headroom;
+      s.current = now;
       return;
     }
   }
   std::lock_guard<std::mutex> lock(mutex_);
-  cross_locked(arena, last, now);
+  cross_locked(arena, now);
 }
 
-void arena_ledger::cross_locked(int arena, counts* last, const counts& now) {
+void arena_ledger::cross_locked(int arena, const counts& now) {
   share& own = shares_[static_cast<std::size_t>(arena)];
   counts missing{};
   {
     std::lock_guard<share> held(own);
     for (std::size_t i = 0; i < now.size(); ++i) {
-      const std::int64_t delta = now[i] - (*last)[i];
-      own.current[i] += delta;
-      own.headroom[i] -= delta;
+      own.headroom[i] -= now[i] - own.current[i];
+      own.current[i] = now[i];
       if (own.headroom[i] < 0) {
         missing[i] = -own.headroom[i];
         own.headroom[i] = 0;
       }
     }
-    *last = now;
   }
   for (std::size_t i = 0; i < now.size(); ++i) {
     if (missing[i] == 0) continue;

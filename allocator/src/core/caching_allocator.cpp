@@ -1420,10 +1420,10 @@ void caching_allocator::join_ledger(arena_ledger* ledger, int index) {
   flush_recent_locked();
   repeat_.disarm();
   if (index == 0) {
-    ledger->seed(stats_, &published_);
+    ledger->seed(stats_);
   } else {
     ledger->join(index);
-    ledger->publish(index, &published_, arena_ledger::current_counts(stats_, {}));  // a fresh arena: zero
+    ledger->publish(index, arena_ledger::current_counts(stats_, {}));  // a fresh arena: zero
   }
   ledger->set_reserved(index, at(stats_.reserved_bytes, stat_type::all).current);
   ledger_ = ledger;
@@ -1438,7 +1438,7 @@ void caching_allocator::publish_to_ledger_locked() {
     ++held.blocks[kind];
     held.bytes[kind] += static_cast<std::int64_t>(b->size);
   }
-  ledger_->publish(arena_, &published_, arena_ledger::current_counts(stats_, held));
+  ledger_->publish(arena_, arena_ledger::current_counts(stats_, held));
   ledger_->set_reserved(arena_, at(stats_.reserved_bytes, stat_type::all).current);
 }
 
@@ -1626,7 +1626,7 @@ void caching_allocator::raise_oom_locked(std::size_t requested, stream_handle st
   std::int64_t allocated = at(stats_.allocated_bytes, stat_type::all).current;
   // Note [arenas]: the device's, this arena's latest included.
   if (ledger_ != nullptr) {
-    const auto published = published_[arena_ledger::index_of(&device_stats::allocated_bytes, stat_type::all)];
+    const auto published = ledger_->published(arena_)[arena_ledger::index_of(&device_stats::allocated_bytes, stat_type::all)];
     allocated += at(ledger_->totals().allocated_bytes, stat_type::all).current - published;
   }
   context.allocated_bytes = static_cast<std::size_t>(allocated);

@@ -57,16 +57,18 @@ class arena_ledger {
   // The counts an arena publishes: its current ones less what it holds back.
   static counts current_counts(const device_stats& stats, const held_back& held);
 
-  // Arena 0's counts become the device's, peaks included; `last` is what
-  // arena 0 has published from now on.
-  void seed(const device_stats& first, counts* last);
+  // Arena 0's counts become the device's, peaks included.
+  void seed(const device_stats& first);
   // Arena `arena` (> 0, fresh: nothing counted) joins.
   void join(int arena);
-  // Moves arena `arena`'s published counts from `*last` to `now` (Note
-  // [peak headroom]). Called by the arena at the end of each critical
-  // section, so the sums run through the calls in an order they could have
-  // run in under one lock.
-  void publish(int arena, counts* last, const counts& now);
+  // Moves arena `arena`'s published counts to `now` (Note [peak headroom]).
+  // Called by the arena at the end of each critical section, so the sums
+  // run through the calls in an order they could have run in under one
+  // lock.
+  void publish(int arena, const counts& now);
+  // What arena `arena` published last. Only that arena writes it (under its
+  // own lock), so the arena reads it without the share's lock.
+  const counts& published(int arena) const { return shares_[static_cast<std::size_t>(arena)].current; }
   // The device's current and peak counts (everything else zero).
   device_stats totals() const;
   // Peaks to the current sums.
@@ -116,7 +118,7 @@ class arena_ledger {
     counts headroom{};
   };
   // A crossing: `arena` applies `now` with the ledger's lock held.
-  void cross_locked(int arena, counts* last, const counts& now);
+  void cross_locked(int arena, const counts& now);
 
   // Crossings, readers and resets; taken before any share's lock.
   mutable std::mutex mutex_;

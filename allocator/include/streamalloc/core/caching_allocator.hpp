@@ -702,10 +702,9 @@ class caching_allocator {
   std::size_t next_hand_off_slot_ = 0;
   device_stats stats_;
   // Note [arenas]: the device's shared books when this is one of several
-  // arenas, its index, and its statistics as last published there.
+  // arenas, and its index there.
   arena_ledger* ledger_ = nullptr;
   int arena_ = 0;
-  arena_ledger::counts published_{};
   int captures_elsewhere_ = 0;  // guarded by mutex_
   contention_observer* contention_observer_ = nullptr;
   // Publishes the statistics of the critical section ending (no-op with
