@@ -42,13 +42,15 @@ class streamalloc_adaptor final : public bench_allocator {
 
   void timing_starts() override {
     since_ = allocator_.stats();
+    arenas_at_start_ = allocator_.arena_count();
     timed_ = true;
   }
 
   std::string device_work() const override { return device_work_; }
 
  private:
-  // The device work counted in `now` since timing started, or "" when none.
+  // The device work counted in `now` since timing started and the arenas
+  // the timing began with, or "" when none and one.
   std::string describe_work(const device_stats& now) const {
     if (!timed_) return {};
     const struct {
@@ -69,18 +71,26 @@ class streamalloc_adaptor final : public bench_allocator {
       if (c.count == 0) continue;
       out += (out.empty() ? "" : ", ") + std::to_string(c.count) + " " + c.what;
     }
-    if (out.empty()) return out;
+    // Threads that contended in an earlier pattern leave arenas behind, and
+    // with several every call publishes to the device's counts and none
+    // takes the lock-free repeat (Note [arenas]): the report says so.
+    const std::string arenas =
+        arenas_at_start_ > 1 ? std::to_string(arenas_at_start_) + " arenas when timing began, made by threads "
+                                                                   "that contended earlier in the run"
+                             : std::string();
+    if (out.empty()) return arenas;
     // Peaks are not reset per pattern (stitching reads the allocation peak),
     // so these cover every pattern of the run so far.
     const auto peak = [&](const stat_array& s) {
       return format_bytes(static_cast<std::size_t>(at(s, stat_type::all).peak));
     };
     return "peak allocated " + peak(now.allocated_bytes) + " and peak reserved " + peak(now.reserved_bytes) +
-           " since the run began; " + out;
+           " since the run began; " + out + " in the timed repetitions" + (arenas.empty() ? "" : "; " + arenas);
   }
 
   device_allocator allocator_;
   device_stats since_;  // at timing_starts
+  int arenas_at_start_ = 1;
   bool timed_ = false;
   std::string device_work_;
 };

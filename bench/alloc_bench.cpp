@@ -324,7 +324,7 @@ class bench_run {
       try {
         a.end_pattern();
         if (const std::string work = a.device_work(); !work.empty() && m.error.empty()) {
-          info_.notes.push_back(std::string(a.name()) + " in " + pattern + " " + label + ": " + work + " in the timed repetitions");
+          info_.notes.push_back(std::string(a.name()) + " in " + pattern + " " + label + ": " + work);
         }
       } catch (const std::exception& ex) {
         if (m.error.empty()) m.error = ex.what();

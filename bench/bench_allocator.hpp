@@ -45,9 +45,10 @@ class bench_allocator {
   virtual void timing_starts() {}
   // What the allocator asked of the device during the last pattern's timed
   // repetitions (device allocations, chunk maps, stream synchronizations,
-  // cross-stream hand-offs), as of end_pattern; "" when none or when it
-  // cannot tell. Such work costs far more than the allocator's own
-  // bookkeeping, so the report names it.
+  // cross-stream hand-offs), and any state left by earlier patterns that
+  // changes its speed, as of end_pattern; "" when none or when it cannot
+  // tell. Such work costs far more than the allocator's own bookkeeping,
+  // so the report names it.
   virtual std::string device_work() const { return {}; }
 };
 
