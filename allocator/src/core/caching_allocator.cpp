@@ -1626,7 +1626,8 @@ void caching_allocator::raise_oom_locked(std::size_t requested, stream_handle st
   std::int64_t allocated = at(stats_.allocated_bytes, stat_type::all).current;
   // Note [arenas]: the device's, this arena's latest included.
   if (ledger_ != nullptr) {
-    const auto published = ledger_->published(arena_)[arena_ledger::index_of(&device_stats::allocated_bytes, stat_type::all)];
+    constexpr std::size_t index = arena_ledger::index_of(&device_stats::allocated_bytes, stat_type::all);
+    const std::int64_t published = ledger_->published(arena_)[index];
     allocated += at(ledger_->totals().allocated_bytes, stat_type::all).current - published;
   }
   context.allocated_bytes = static_cast<std::size_t>(allocated);
