@@ -56,6 +56,7 @@ struct options {
   std::uint64_t seed = 20261129;
   std::string conf;
   std::string json;
+  int premade_arenas = 1;
   run_plan plan;
   std::size_t mixed_steps = k_mixed_steps;
   std::vector<std::string> overrides;  // counts set on the command line, for the report
@@ -100,6 +101,9 @@ void print_help() {
       "  --mixed-steps N       steps of the mixed sequence (default 80000)\n"
       "  --seed N              seed of the mixed sequences (default 20261129)\n"
       "  --conf TEXT           streamalloc settings on top of STREAMALLOC_CONF\n"
+      "  --premade-arenas N    streamalloc: make N arenas before the patterns (the calling\n"
+      "                        thread moved to the last and back), as threads that once\n"
+      "                        contended would; one thread then times that path (default 1)\n"
       "  --json FILE           also write the results as JSON\n"
       "  --version             print the version and exit\n"
       "  -h, --help            this help\n"
@@ -231,6 +235,12 @@ options parse_options(int argc, char** argv) {
       opts.seed = parse_count(take(), arg);
     } else if (arg == "--conf") {
       opts.conf = take();
+    } else if (arg == "--premade-arenas") {
+      const std::uint64_t n = parse_count(take(), arg);
+      if (n == 0 || n > allocator_config::k_max_arenas) {
+        throw usage_failure("--premade-arenas must be 1.." + std::to_string(allocator_config::k_max_arenas));
+      }
+      opts.premade_arenas = static_cast<int>(n);
     } else if (arg == "--json") {
       opts.json = take();
     } else {
@@ -365,6 +375,10 @@ int run(options opts) {
     throw usage_failure(std::string("streamalloc settings: ") + e.what());
   }
   if (!opts.allocators.empty()) require_known(opts.allocators, every_allocator_name(), "allocator");
+  if (static_cast<std::size_t>(opts.premade_arenas) > config.arenas) {
+    throw usage_failure("--premade-arenas " + std::to_string(opts.premade_arenas) + " needs the arenas setting at " +
+                        std::to_string(opts.premade_arenas) + " or more (it is " + std::to_string(config.arenas) + ")");
+  }
 
   std::string device_error;
   std::unique_ptr<bench_device> device = open_device(opts, &device_error);
@@ -390,6 +404,10 @@ int run(options opts) {
     if (!wanted) continue;
     try {
       entries.push_back({c.make(), false});
+      if (entries.back().allocator->premake_arenas(opts.premade_arenas)) {
+        info.notes.push_back(c.name + ": " + std::to_string(opts.premade_arenas) +
+                             " arenas made before the patterns (--premade-arenas)");
+      }
       info.allocators.push_back(c.name);
       info.settings.emplace_back(c.name, entries.back().allocator->settings());
     } catch (const std::exception& e) {

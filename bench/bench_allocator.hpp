@@ -43,6 +43,10 @@ class bench_allocator {
   virtual void end_pattern() = 0;
   // Called before a pattern's first timed repetition (after its warm-up).
   virtual void timing_starts() {}
+  // Makes `count` arenas, as threads that contended would, so that one
+  // thread times a device of several; true when it made any. Allocators
+  // without arenas make none.
+  virtual bool premake_arenas(int /*count*/) { return false; }
   // What the allocator asked of the device during the last pattern's timed
   // repetitions (device allocations, chunk maps, stream synchronizations,
   // cross-stream hand-offs), and any state left by earlier patterns that
