@@ -11,6 +11,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "bench_allocator.hpp"
@@ -403,11 +404,12 @@ int run(options opts) {
     for (const std::string& name : opts.allocators) wanted = wanted || name == c.name;
     if (!wanted) continue;
     try {
-      entries.push_back({c.make(), false});
-      if (entries.back().allocator->premake_arenas(opts.premade_arenas)) {
+      std::unique_ptr<bench_allocator> made = c.make();
+      if (made->premake_arenas(opts.premade_arenas)) {
         info.notes.push_back(c.name + ": " + std::to_string(opts.premade_arenas) +
                              " arenas made before the patterns (--premade-arenas)");
       }
+      entries.push_back({std::move(made), false});
       info.allocators.push_back(c.name);
       info.settings.emplace_back(c.name, entries.back().allocator->settings());
     } catch (const std::exception& e) {
