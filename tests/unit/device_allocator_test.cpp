@@ -6,6 +6,7 @@
 // cached memory (their recent frees included), captures route every
 // allocation to arena 0, threads under lasting contention move, and what a
 // reader thread sees while arenas allocate holds.
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstddef>
@@ -159,6 +160,105 @@ TEST_CASE("device_allocator: current and peak counts are of the sum over arenas"
   REQUIRE(peak(st.allocated_bytes) == static_cast<std::int64_t>(16_MiB));
   alloc.reset_peak_stats();
   REQUIRE(peak(alloc.stats().allocated_bytes) == 0);
+  require_consistent(alloc, sim);
+}
+
+TEST_CASE("device_allocator: a lone thread repeats without the lock beside other arenas", "[arenas][repeats]") {
+  sim_backend sim(plain_device());
+  device_allocator alloc(sim, allocator_config{});
+  const stream_handle s = sim.new_stream();
+  alloc.move_this_thread(1);
+  // A free and a reuse of the same bytes arm arena 1's chain.
+  void* p = alloc.allocate(10_MiB, s);
+  alloc.free(p);
+  REQUIRE(alloc.allocate(10_MiB, s) == p);
+  const std::uint64_t sections = alloc.arena(1).critical_sections();
+  for (int i = 0; i < 100; ++i) {
+    alloc.free(p);
+    REQUIRE(alloc.allocate(10_MiB, s) == p);
+  }
+  REQUIRE(alloc.arena(1).critical_sections() == sections);
+  // Parked: freed, though arena 1 has published nothing since it armed.
+  alloc.free(p);
+  // Arena 0's 10 MiB would pass the device's peak if the parked block
+  // counted; the crossing claims it, with no section of arena 1.
+  alloc.move_this_thread(0);
+  void* q = alloc.allocate(10_MiB, s);
+  REQUIRE(alloc.arena(1).critical_sections() == sections);
+  device_stats st = alloc.stats();
+  REQUIRE(all(st.allocated_bytes) == static_cast<std::int64_t>(10_MiB));
+  REQUIRE(peak(st.allocated_bytes) == static_cast<std::int64_t>(10_MiB));
+  REQUIRE(all(st.allocation) == 1);
+  // Both at once now.
+  alloc.move_this_thread(1);
+  void* r = alloc.allocate(10_MiB, s);
+  st = alloc.stats();
+  REQUIRE(all(st.allocated_bytes) == static_cast<std::int64_t>(20_MiB));
+  REQUIRE(peak(st.allocated_bytes) == static_cast<std::int64_t>(20_MiB));
+  // 103 allocations and 102 frees in arena 1, 1 allocation in arena 0.
+  REQUIRE(st.allocation[0].allocated == 104);
+  REQUIRE(st.allocation[0].freed == 102);
+  alloc.free(r);
+  alloc.free(q);
+  require_consistent(alloc, sim);
+  REQUIRE(all(alloc.stats().allocated_bytes) == 0);
+}
+
+// Threads on arenas 1-3 repeat a size without the lock, pausing while
+// their block is parked, while a thread on arena 0 resets the peaks and
+// grows past them (its crossings claim the parked blocks) and reads the
+// totals (which claim too): the books must hold throughout and at the end.
+TEST_CASE("device_allocator: claims of parked blocks race with repeats on other arenas", "[arenas][threads][repeats]") {
+  sim_backend sim(vmm_device(8_GiB));
+  device_allocator alloc(sim, allocator_config{});
+  std::vector<stream_handle> streams;
+  for (int i = 0; i < device_allocator::k_max_arenas; ++i) streams.push_back(sim.new_stream());
+  std::atomic<bool> looping{true};
+  std::atomic<std::int64_t> loop_allocations{0};
+  std::vector<std::thread> loops;
+  for (int t = 1; t < device_allocator::k_max_arenas; ++t) {
+    loops.emplace_back([&, t] {
+      alloc.move_this_thread(t);
+      const std::size_t bytes = static_cast<std::size_t>(t) * 96_KiB;
+      std::int64_t made = 0;
+      while (looping.load(std::memory_order_relaxed)) {
+        void* p = alloc.allocate(bytes, streams[static_cast<std::size_t>(t)]);
+        ++made;
+        alloc.free(p);
+        for (volatile int spin = 0; spin < 200; spin = spin + 1) {
+        }
+      }
+      loop_allocations += made;
+    });
+  }
+  alloc.move_this_thread(0);
+  std::string problem;  // Catch's assertions stay on this thread, checked below
+  std::int64_t burst_allocations = 0;
+  for (int round = 0; round < 2000 && problem.empty(); ++round) {
+    alloc.reset_peak_stats();
+    std::vector<void*> burst;
+    std::int64_t held = 0;
+    for (int k = 0; k <= round % 4; ++k) {
+      burst.push_back(alloc.allocate((1 + static_cast<std::size_t>(k)) * 1_MiB, streams[0]));
+      held += static_cast<std::int64_t>(alloc.allocation_size(burst.back()));
+      ++burst_allocations;
+    }
+    const device_stats st = alloc.stats();
+    problem = stats_read_problem(st);
+    if (problem.empty() && (all(st.allocated_bytes) < held || peak(st.allocated_bytes) < held)) {
+      problem = "the burst's " + std::to_string(held) + " bytes are not all counted";
+    }
+    for (void* b : burst) alloc.free(b);
+  }
+  looping.store(false);
+  for (std::thread& th : loops) th.join();
+  INFO(problem);
+  REQUIRE(problem.empty());
+  const device_stats st = alloc.stats();
+  REQUIRE(all(st.allocated_bytes) == 0);
+  REQUIRE(all(st.allocation) == 0);
+  REQUIRE(st.allocation[0].allocated == loop_allocations.load() + burst_allocations);
+  REQUIRE(st.allocation[0].freed == st.allocation[0].allocated);
   require_consistent(alloc, sim);
 }
 

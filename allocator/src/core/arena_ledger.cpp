@@ -34,6 +34,27 @@ void copy_currents(const device_stats& stats, arena_ledger::counts* out, std::in
   (((*out)[first + c] = (stats.*device_stats::k_counters[c]).current), ...);
 }
 
+// `held`'s blocks and bytes, times `sign`, added to what they count in.
+void add_held(arena_ledger::counts* out, const arena_ledger::held_back& held, std::int64_t sign) {
+  // kept[0]: large segments, kept[1]: small ones.
+  const auto add = [out, sign](std::size_t all, const std::array<std::int64_t, 2>& kept) {
+    (*out)[all] += sign * (kept[0] + kept[1]);
+    (*out)[all + static_cast<std::size_t>(stat_type::small_pool)] += sign * kept[1];
+    (*out)[all + static_cast<std::size_t>(stat_type::large_pool)] += sign * kept[0];
+  };
+  add(arena_ledger::index_of(&device_stats::allocation, stat_type::all), held.blocks);
+  add(arena_ledger::index_of(&device_stats::active, stat_type::all), held.blocks);
+  add(arena_ledger::index_of(&device_stats::allocated_bytes, stat_type::all), held.bytes);
+  add(arena_ledger::index_of(&device_stats::active_bytes, stat_type::all), held.bytes);
+}
+
+arena_ledger::held_back one_block(std::size_t size, bool small) {
+  arena_ledger::held_back held;
+  held.blocks[small ? 1 : 0] = 1;
+  held.bytes[small ? 1 : 0] = static_cast<std::int64_t>(size);
+  return held;
+}
+
 }  // namespace
 
 // Called at the end of every critical section of an arena: straight copies
@@ -42,27 +63,41 @@ arena_ledger::counts arena_ledger::current_counts(const device_stats& stats, con
   counts out;
   copy_currents(stats, &out, std::make_index_sequence<std::size(device_stats::k_arrays)>{},
                 std::make_index_sequence<std::size(device_stats::k_counters)>{});
-  // kept[0]: large segments, kept[1]: small ones.
-  const auto hold = [&out](std::size_t all, const std::array<std::int64_t, 2>& kept) {
-    out[all] -= kept[0] + kept[1];
-    out[all + static_cast<std::size_t>(stat_type::small_pool)] -= kept[1];
-    out[all + static_cast<std::size_t>(stat_type::large_pool)] -= kept[0];
-  };
-  constexpr std::size_t allocation = index_of(&device_stats::allocation, stat_type::all);
-  constexpr std::size_t active = index_of(&device_stats::active, stat_type::all);
-  constexpr std::size_t allocated_bytes = index_of(&device_stats::allocated_bytes, stat_type::all);
-  constexpr std::size_t active_bytes = index_of(&device_stats::active_bytes, stat_type::all);
-  hold(allocation, held.blocks);
-  hold(active, held.blocks);
-  hold(allocated_bytes, held.bytes);
-  hold(active_bytes, held.bytes);
+  add_held(&out, held, -1);
   return out;
 }
 
-void arena_ledger::seed(const device_stats& first) {
+const arena_ledger::counts& arena_ledger::without_claimed(const share& s, const counts& now, counts* scratch) {
+  const block* claimed = s.repeats != nullptr ? s.repeats->claimed() : nullptr;
+  if (claimed == nullptr) return now;
+  // The arena holds its lock: the claimed block stays as it is.
+  *scratch = now;
+  add_held(scratch, one_block(claimed->size, claimed->owner->is_small), -1);
+  return *scratch;
+}
+
+void arena_ledger::claim_parked(share& s) {
+  std::size_t size = 0;
+  bool small = false;
+  if (s.repeats == nullptr || !s.repeats->claim(&size, &small)) return;
+  const held_back freed = one_block(size, small);
+  add_held(&s.current, freed, -1);
+  add_held(&s.headroom, freed, +1);
+}
+
+void arena_ledger::claim_all_parked_locked() const {
+  for (int a = 0; a < arenas_; ++a) {
+    share& s = shares_[static_cast<std::size_t>(a)];
+    std::lock_guard<share> held(s);
+    claim_parked(s);
+  }
+}
+
+void arena_ledger::seed(const device_stats& first, repeat_slot* repeats) {
   std::lock_guard<std::mutex> lock(mutex_);
   share& s = shares_[0];
   std::lock_guard<share> held(s);
+  s.repeats = repeats;
   for_each_indexed(first, [&](int i, const stat_counter& c, stat_array device_stats::*, int) {
     const auto k = static_cast<std::size_t>(i);
     peak_[k] = c.peak;
@@ -72,8 +107,13 @@ void arena_ledger::seed(const device_stats& first) {
   arenas_ = 1;
 }
 
-void arena_ledger::join(int arena) {
+void arena_ledger::join(int arena, repeat_slot* repeats) {
   std::lock_guard<std::mutex> lock(mutex_);
+  {
+    share& s = shares_[static_cast<std::size_t>(arena)];
+    std::lock_guard<share> held(s);
+    s.repeats = repeats;
+  }
   if (arena + 1 > arenas_) arenas_ = arena + 1;
 }
 
@@ -81,18 +121,20 @@ void arena_ledger::publish(int arena, const counts& now) {
   share& s = shares_[static_cast<std::size_t>(arena)];
   {
     std::lock_guard<share> held(s);
+    counts scratch;
+    const counts& net = without_claimed(s, now, &scratch);
     // One branch-free pass over every counter into a copy, then two block
     // copies: cheaper than a branch per counter to skip the unchanged ones,
     // and than passes that store each difference.
     counts headroom;
     std::int64_t beyond = 0;  // negative once any increase passes its share
-    for (std::size_t i = 0; i < now.size(); ++i) {
-      headroom[i] = s.headroom[i] - (now[i] - s.current[i]);
+    for (std::size_t i = 0; i < net.size(); ++i) {
+      headroom[i] = s.headroom[i] - (net[i] - s.current[i]);
       beyond |= headroom[i];
     }
     if (beyond >= 0) {
       s.headroom = headroom;
-      s.current = now;
+      s.current = net;
       return;
     }
   }
@@ -100,20 +142,30 @@ void arena_ledger::publish(int arena, const counts& now) {
   cross_locked(arena, now);
 }
 
+arena_ledger::counts arena_ledger::published(int arena) const {
+  share& s = shares_[static_cast<std::size_t>(arena)];
+  std::lock_guard<share> held(s);
+  return s.current;
+}
+
 void arena_ledger::cross_locked(int arena, const counts& now) {
   share& own = shares_[static_cast<std::size_t>(arena)];
   counts missing{};
   {
     std::lock_guard<share> held(own);
-    for (std::size_t i = 0; i < now.size(); ++i) {
-      own.headroom[i] -= now[i] - own.current[i];
-      own.current[i] = now[i];
+    counts scratch;
+    const counts& net = without_claimed(own, now, &scratch);
+    for (std::size_t i = 0; i < net.size(); ++i) {
+      own.headroom[i] -= net[i] - own.current[i];
+      own.current[i] = net[i];
       if (own.headroom[i] < 0) {
         missing[i] = -own.headroom[i];
         own.headroom[i] = 0;
       }
     }
   }
+  // Blocks parked elsewhere are free already (Note [claimed repeats]).
+  claim_all_parked_locked();
   for (std::size_t i = 0; i < now.size(); ++i) {
     if (missing[i] == 0) continue;
     std::int64_t gathered = 0;
@@ -140,6 +192,7 @@ void arena_ledger::cross_locked(int arena, const counts& now) {
 
 device_stats arena_ledger::totals() const {
   std::lock_guard<std::mutex> lock(mutex_);
+  claim_all_parked_locked();
   counts sums{};
   for (int a = 0; a < arenas_; ++a) {
     share& s = shares_[static_cast<std::size_t>(a)];
@@ -156,6 +209,7 @@ device_stats arena_ledger::totals() const {
 
 void arena_ledger::reset_peaks() {
   std::lock_guard<std::mutex> lock(mutex_);
+  claim_all_parked_locked();
   for (int a = 0; a < arenas_; ++a) shares_[static_cast<std::size_t>(a)].lock();
   peak_ = counts{};
   for (int a = 0; a < arenas_; ++a) {

@@ -272,7 +272,7 @@ void* caching_allocator::allocate_locked(std::size_t bytes, stream_handle stream
         reuse_recent_locked(b, bytes);
         // Note [repeats without the lock]: the chain of Note [repeated
         // reuse] may go on without the lock.
-        if (recent_.empty() && pending_.empty() && listener_ == nullptr && ledger_ == nullptr) {
+        if (recent_.empty() && pending_.empty() && listener_ == nullptr) {
           count_lock_free_reuses_locked(repeat_.armed());
           repeat_.arm(b, bytes, b->reuse_chain);
         }
@@ -949,7 +949,10 @@ void caching_allocator::flush_recent_locked() const {
 // when it is freed, unparked or re-armed, or when a reader flushes.
 // Captures never use it (a capture's first section ends the arming, and
 // allocate checks for one); a second free of a parked block fails to park
-// and reaches free_locked, which reports it.
+// and reaches free_locked, which reports it. With several arenas the
+// device's ledger may claim a parked block without the lock (Note
+// [claimed repeats] in arena_ledger.hpp): no take hands it out again, and
+// the next section frees it as it would any parked block.
 void caching_allocator::free_parked_locked() {
   // Its free, done now: free_locked finds nothing parked any more, or a
   // block that a free which read the arming before this section parked
@@ -1415,14 +1418,14 @@ void caching_allocator::reset_accumulated_stats() {
 
 void caching_allocator::join_ledger(arena_ledger* ledger, int index) {
   locked_call call(*this);
-  // A parked block goes back first; the armed block stays allocated, no
-  // longer reused without the lock.
+  // A parked block goes back first: the ledger starts from counts that
+  // hold none.
   flush_recent_locked();
   repeat_.disarm();
   if (index == 0) {
-    ledger->seed(stats_);
+    ledger->seed(stats_, &repeat_);
   } else {
-    ledger->join(index);
+    ledger->join(index, &repeat_);
     ledger->publish(index, arena_ledger::current_counts(stats_, {}));  // a fresh arena: zero
   }
   ledger->set_reserved(index, at(stats_.reserved_bytes, stat_type::all).current);

@@ -28,10 +28,11 @@
 //   that arena's lines (Note [peak headroom] in arena_ledger.hpp). The
 //   publishes put the calls in one order they could have run in under one
 //   lock. Recent frees, which an arena keeps counted as allocated, are
-//   left out of what it publishes, and the lock-free repeat is off (a
-//   block parked without the lock would count as allocated until the
-//   arena's next critical section). Cumulative counts stay per arena and
-//   are summed by readers.
+//   left out of what it publishes; a block parked by the lock-free repeat
+//   is claimed by whatever would see it counted (a crossing, a reader, a
+//   reset of the peaks: Note [claimed repeats] in arena_ledger.hpp), so a
+//   thread alone on its arena repeats without the lock as on a device of
+//   one arena. Cumulative counts stay per arena and are summed by readers.
 // - the memory-fraction cap counts every arena's reserved bytes, and
 //   arenas grow one at a time (the ledger's growth lock);
 // - an arena out of memory has the others return their unused cached
@@ -66,14 +67,6 @@ namespace streamalloc {
 namespace {
 std::atomic<std::uint64_t> g_next_id{1};
 }  // namespace
-
-// A thread's arena on one device allocator, and its run of contended calls.
-struct device_allocator::thread_entry {
-  std::uint64_t id = 0;  // 0: unused
-  int arena = 0;
-  int contended_run = 0;
-  std::int64_t last_contended_ns = 0;
-};
 
 namespace {
 
@@ -110,6 +103,7 @@ struct device_allocator::thread_entries {
   std::array<thread_entry, k_entries> entries{};
   int next = 0;
   ~thread_entries() {
+    last_entry_ = nullptr;
     for (const thread_entry& e : entries) leave(e);
   }
   static void leave(const thread_entry& e) {
@@ -144,10 +138,12 @@ device_allocator::~device_allocator() {
   for (int i = k_max_arenas - 1; i >= 0; --i) owned_[static_cast<std::size_t>(i)].reset();
 }
 
-device_allocator::thread_entry& device_allocator::this_thread() const {
+thread_local device_allocator::thread_entry* device_allocator::last_entry_ = nullptr;
+
+device_allocator::thread_entry& device_allocator::this_thread_slow() const {
   thread_local thread_entries mine;
   for (thread_entry& e : mine.entries) {
-    if (e.id == id_) return e;
+    if (e.id == id_) return *(last_entry_ = &e);
   }
   thread_entry& e = mine.entries[static_cast<std::size_t>(mine.next)];
   mine.next = (mine.next + 1) % thread_entries::k_entries;
@@ -161,6 +157,7 @@ device_allocator::thread_entry& device_allocator::this_thread() const {
   }
   e = thread_entry{id_, arena, 0, 0};
   threads_[static_cast<std::size_t>(arena)].fetch_add(1, std::memory_order_relaxed);
+  last_entry_ = &e;
   return e;
 }
 

@@ -15,6 +15,19 @@
 // the peak by what is still missing, and deals what is left out evenly.
 // Invariant, per counter: peak - sum of currents = sum of shares, each
 // share >= 0.
+//
+// Note [claimed repeats]: an arena's lock-free repeat (Note [repeats
+// without the lock] in caching_allocator.cpp) parks a freed block without
+// a critical section, so the arena's published counts still hold it until
+// its next section. Only a raised peak or a reader could tell: so a
+// crossing, a reader of the totals and a reset of the peaks first claim
+// every arena's parked block (repeat_slot::claim, under that arena's share
+// lock), which then can no longer be taken back, and move its counts out
+// of the arena's current ones into its share of headroom, as a publish of
+// its free would. The arena's own publishes leave a claimed block out
+// until its next section frees it for real. A block parked is freed in
+// the order of calls: the claim puts that free before whatever the
+// claimer does next.
 #pragma once
 
 #include <array>
@@ -25,6 +38,7 @@
 
 #include "streamalloc/core/adaptive_mutex.hpp"
 #include "streamalloc/core/config.hpp"
+#include "streamalloc/core/repeat_slot.hpp"
 #include "streamalloc/core/stats.hpp"
 
 namespace streamalloc {
@@ -57,18 +71,18 @@ class arena_ledger {
   // The counts an arena publishes: its current ones less what it holds back.
   static counts current_counts(const device_stats& stats, const held_back& held);
 
-  // Arena 0's counts become the device's, peaks included.
-  void seed(const device_stats& first);
+  // Arena 0's counts become the device's, peaks included. `repeats`: the
+  // arena's repeat slot, for claims (Note [claimed repeats]); may be null.
+  void seed(const device_stats& first, repeat_slot* repeats = nullptr);
   // Arena `arena` (> 0, fresh: nothing counted) joins.
-  void join(int arena);
+  void join(int arena, repeat_slot* repeats = nullptr);
   // Moves arena `arena`'s published counts to `now` (Note [peak headroom]).
   // Called by the arena at the end of each critical section, so the sums
   // run through the calls in an order they could have run in under one
   // lock.
   void publish(int arena, const counts& now);
-  // What arena `arena` published last. Only that arena writes it (under its
-  // own lock), so the arena reads it without the share's lock.
-  const counts& published(int arena) const { return shares_[static_cast<std::size_t>(arena)].current; }
+  // What arena `arena` published last, less what claims moved out since.
+  counts published(int arena) const;
   // The device's current and peak counts (everything else zero).
   device_stats totals() const;
   // Peaks to the current sums.
@@ -116,7 +130,15 @@ class arena_ledger {
     std::atomic<bool> held{false};
     counts current{};
     counts headroom{};
+    repeat_slot* repeats = nullptr;
   };
+  // `now` less the arena's claimed block, if any; `s` held.
+  static const counts& without_claimed(const share& s, const counts& now, counts* scratch);
+  // Claims the parked block of share `s`, held, moving its counts to the
+  // headroom (Note [claimed repeats]).
+  static void claim_parked(share& s);
+  // Claims every arena's parked block; the ledger's lock held.
+  void claim_all_parked_locked() const;
   // A crossing: `arena` applies `now` with the ledger's lock held.
   void cross_locked(int arena, const counts& now);
 

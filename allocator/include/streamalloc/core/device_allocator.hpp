@@ -109,14 +109,28 @@ class device_allocator final : private caching_allocator::contention_observer {
   void move_this_thread(int index);
 
  private:
-  struct thread_entry;
+  // A thread's arena on one device allocator, and its run of contended
+  // calls.
+  struct thread_entry {
+    std::uint64_t id = 0;  // 0: unused
+    int arena = 0;
+    int contended_run = 0;
+    std::int64_t last_contended_ns = 0;
+  };
   struct thread_entries;
   // A thread counted on `arena` has exited (or its entry was overwritten).
   void thread_left(int arena);
   int threads_on(int arena) const;
   void* allocate_in_arenas(std::size_t bytes, stream_handle stream);
   void free_in_arenas(void* ptr);
-  thread_entry& this_thread() const;
+  thread_entry& this_thread() const {
+    if (last_entry_ != nullptr && last_entry_->id == id_) return *last_entry_;
+    return this_thread_slow();
+  }
+  thread_entry& this_thread_slow() const;
+  // The entry this thread used last, of any device allocator: a plain
+  // pointer needs no guard on each access, unlike thread_entries.
+  static thread_local thread_entry* last_entry_;
   caching_allocator& allocating_arena(const thread_entry& mine) const;
   // Counts a contended call of this thread; moves it after a run of them.
   void on_contended_call() override;

@@ -5,8 +5,10 @@
 // next critical section begins. Meanwhile a free of that block parks it
 // here, and a request for the same bytes on the same stream takes it back.
 // A parked block is still counted allocated; the next critical section
-// unparks it and frees it for real. Every member is atomic: the fast paths
-// run on any thread, without the lock.
+// unparks it and frees it for real. With several arenas the device's ledger
+// may claim a parked block (Note [claimed repeats] in arena_ledger.hpp):
+// it stays parked, marked, and can no longer be taken back. Every member is
+// atomic: the fast paths run on any thread, without the lock.
 #pragma once
 
 #include <atomic>
@@ -30,6 +32,8 @@ class repeat_slot {
     section_.store(k_disarmed, std::memory_order_relaxed);
     block_.store(b, std::memory_order_release);
     address_.store(b->address, std::memory_order_release);
+    size_.store(b->size, std::memory_order_release);
+    small_.store(b->owner->is_small, std::memory_order_release);
     requested_.store(requested, std::memory_order_release);
     stream_.store(b->stream, std::memory_order_release);
     section_.store(section, std::memory_order_release);
@@ -86,10 +90,46 @@ class repeat_slot {
 
   // Under the lock: whether a block may be parked (unpark tells).
   bool maybe_parked() const { return parked_.load(std::memory_order_relaxed) != nullptr; }
-  // Under the lock: the parked block, no longer parked; nullptr if none.
-  block* unpark() { return maybe_parked() ? parked_.exchange(nullptr, std::memory_order_acq_rel) : nullptr; }
-  // Under the lock: the parked block, left parked (a reader's look).
-  const block* parked() const { return parked_.load(std::memory_order_acquire); }
+  // Under the lock: the parked block, claimed or not, no longer parked;
+  // nullptr if none.
+  block* unpark() {
+    return maybe_parked() ? unmarked(parked_.exchange(nullptr, std::memory_order_acq_rel)) : nullptr;
+  }
+  // Under the lock: the parked block, claimed or not, left parked (a
+  // reader's look).
+  const block* parked() const { return unmarked(parked_.load(std::memory_order_acquire)); }
+
+  // Without the lock, by the ledger, holding this arena's share of it:
+  // marks the parked block claimed, so that no take hands it out again, and
+  // gives its size and pool. false: nothing parked, already claimed, or the
+  // arming changed meanwhile.
+  bool claim(std::size_t* size, bool* small) {
+    block* b = parked_.load(std::memory_order_acquire);
+    if (b == nullptr || is_claimed(b)) return false;
+    // A parked block is the current arming's: an arming begins in a section
+    // that unparked first, and a park needs the arming in force. The
+    // section, read again after the mark, tells that no arming came
+    // between (sections only grow), so the size read is the block's.
+    const std::uint64_t section = section_.load(std::memory_order_acquire);
+    if (section == k_disarmed || block_.load(std::memory_order_acquire) != b) return false;
+    *size = size_.load(std::memory_order_acquire);
+    *small = small_.load(std::memory_order_acquire);
+    if (!parked_.compare_exchange_strong(b, marked(b), std::memory_order_acq_rel, std::memory_order_relaxed)) {
+      return false;
+    }
+    if (section_.load(std::memory_order_acquire) == section) return true;
+    // Left as it was, unless a section unparked it since (then it is freed
+    // there, counted by that section's publish).
+    block* claimed = marked(b);
+    parked_.compare_exchange_strong(claimed, b, std::memory_order_acq_rel, std::memory_order_relaxed);
+    return false;
+  }
+  // With this arena's share of the ledger held: the parked block, if the
+  // ledger claimed it.
+  const block* claimed() const {
+    block* b = parked_.load(std::memory_order_acquire);
+    return is_claimed(b) ? unmarked(b) : nullptr;
+  }
 
   // Reuses of `b` taken back here so far (the lock's holder subtracts
   // those it has counted).
@@ -97,6 +137,14 @@ class repeat_slot {
 
  private:
   static constexpr std::uint64_t k_disarmed = 0;
+  // A claimed block is parked with its address's lowest bit set: park's
+  // and take's exchanges, which expect nullptr or the plain block, fail.
+  static constexpr std::uintptr_t k_claim_mark = 1;
+  static bool is_claimed(const block* b) { return (reinterpret_cast<std::uintptr_t>(b) & k_claim_mark) != 0; }
+  static block* marked(block* b) { return reinterpret_cast<block*>(reinterpret_cast<std::uintptr_t>(b) | k_claim_mark); }
+  static block* unmarked(block* b) {
+    return reinterpret_cast<block*>(reinterpret_cast<std::uintptr_t>(b) & ~k_claim_mark);
+  }
   struct arming {
     block* b;
     std::uintptr_t address;
@@ -120,6 +168,8 @@ class repeat_slot {
   std::atomic<std::uint64_t> section_{k_disarmed};
   std::atomic<block*> block_{nullptr};
   std::atomic<std::uintptr_t> address_{0};
+  std::atomic<std::size_t> size_{0};  // read by claims only
+  std::atomic<bool> small_{false};
   std::atomic<std::size_t> requested_{0};
   std::atomic<stream_handle> stream_{0};
 };
