@@ -1,6 +1,6 @@
 // arena_ledger: Note [peak headroom]. Random walks of the counts of four
 // arenas, published in turn, must give the peak of their sum exactly, with
-// the invariant (peak - current sum = the shares) after every publish; and
+// the invariant (the peak is the sum of the ceilings) after every publish; and
 // threads publishing at once must end with the same books.
 #include <algorithm>
 #include <array>

@@ -80,9 +80,7 @@ void arena_ledger::claim_parked(share& s) {
   std::size_t size = 0;
   bool small = false;
   if (s.repeats == nullptr || !s.repeats->claim(&size, &small)) return;
-  const held_back freed = one_block(size, small);
-  add_held(&s.current, freed, -1);
-  add_held(&s.headroom, freed, +1);
+  add_held(&s.current, one_block(size, small), -1);  // the ceiling stays: more headroom
 }
 
 void arena_ledger::claim_all_parked_locked() const {
@@ -102,7 +100,7 @@ void arena_ledger::seed(const device_stats& first, repeat_slot* repeats) {
     const auto k = static_cast<std::size_t>(i);
     peak_[k] = c.peak;
     s.current[k] = c.current;
-    s.headroom[k] = c.peak - c.current;
+    s.ceiling[k] = c.peak;
   });
   arenas_ = 1;
 }
@@ -123,17 +121,11 @@ void arena_ledger::publish(int arena, const counts& now) {
     std::lock_guard<share> held(s);
     counts scratch;
     const counts& net = without_claimed(s, now, &scratch);
-    // One branch-free pass over every counter into a copy, then two block
-    // copies: cheaper than a branch per counter to skip the unchanged ones,
-    // and than passes that store each difference.
-    counts headroom;
-    std::int64_t beyond = 0;  // negative once any increase passes its share
-    for (std::size_t i = 0; i < net.size(); ++i) {
-      headroom[i] = s.headroom[i] - (net[i] - s.current[i]);
-      beyond |= headroom[i];
-    }
+    // One branch-free pass and one block copy: a count under its ceiling
+    // changes nothing else.
+    std::int64_t beyond = 0;  // negative once any count passes its ceiling
+    for (std::size_t i = 0; i < net.size(); ++i) beyond |= s.ceiling[i] - net[i];
     if (beyond >= 0) {
-      s.headroom = headroom;
       s.current = net;
       return;
     }
@@ -156,11 +148,10 @@ void arena_ledger::cross_locked(int arena, const counts& now) {
     counts scratch;
     const counts& net = without_claimed(own, now, &scratch);
     for (std::size_t i = 0; i < net.size(); ++i) {
-      own.headroom[i] -= net[i] - own.current[i];
       own.current[i] = net[i];
-      if (own.headroom[i] < 0) {
-        missing[i] = -own.headroom[i];
-        own.headroom[i] = 0;
+      if (net[i] > own.ceiling[i]) {
+        missing[i] = net[i] - own.ceiling[i];
+        own.ceiling[i] = net[i];
       }
     }
   }
@@ -172,8 +163,8 @@ void arena_ledger::cross_locked(int arena, const counts& now) {
     for (int a = 0; a < arenas_; ++a) {
       share& s = shares_[static_cast<std::size_t>(a)];
       std::lock_guard<share> held(s);
-      gathered += s.headroom[i];
-      s.headroom[i] = 0;
+      gathered += s.ceiling[i] - s.current[i];
+      s.ceiling[i] = s.current[i];
     }
     if (gathered >= missing[i]) {
       gathered -= missing[i];
@@ -185,7 +176,7 @@ void arena_ledger::cross_locked(int arena, const counts& now) {
     for (int a = 0; a < arenas_; ++a) {
       share& s = shares_[static_cast<std::size_t>(a)];
       std::lock_guard<share> held(s);
-      s.headroom[i] += each + (a == arena ? gathered - each * arenas_ : 0);
+      s.ceiling[i] += each + (a == arena ? gathered - each * arenas_ : 0);
     }
   }
 }
@@ -215,7 +206,7 @@ void arena_ledger::reset_peaks() {
   for (int a = 0; a < arenas_; ++a) {
     share& s = shares_[static_cast<std::size_t>(a)];
     for (std::size_t i = 0; i < peak_.size(); ++i) peak_[i] += s.current[i];
-    s.headroom = counts{};
+    s.ceiling = s.current;
   }
   for (int a = arenas_; a-- > 0;) shares_[static_cast<std::size_t>(a)].unlock();
 }
@@ -224,19 +215,19 @@ void arena_ledger::validate(const counts& arena_sums) const {
   std::lock_guard<std::mutex> lock(mutex_);
   for (std::size_t i = 0; i < peak_.size(); ++i) {
     std::int64_t current = 0;
-    std::int64_t headroom = 0;
+    std::int64_t ceilings = 0;
     for (int a = 0; a < arenas_; ++a) {
       const share& s = shares_[static_cast<std::size_t>(a)];
-      if (s.headroom[i] < 0) throw std::logic_error("arena_ledger: a negative share of headroom");
+      if (s.ceiling[i] < s.current[i]) throw std::logic_error("arena_ledger: a count above its arena's ceiling");
       current += s.current[i];
-      headroom += s.headroom[i];
+      ceilings += s.ceiling[i];
     }
     const std::string which = "arena_ledger: counter " + std::to_string(i);
     if (current != arena_sums[i]) {
       throw std::logic_error(which + " is " + std::to_string(current) + " where the arenas sum to " +
                              std::to_string(arena_sums[i]));
     }
-    if (peak_[i] - current != headroom) throw std::logic_error(which + ": peak - current != the shares");
+    if (peak_[i] != ceilings) throw std::logic_error(which + ": the peak is not the sum of the ceilings");
   }
 }
 

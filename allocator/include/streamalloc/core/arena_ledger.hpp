@@ -7,14 +7,15 @@
 // Note [peak headroom]: an exact peak of a sum needs every change in one
 // order, but a shared counter written by every call would bring back the
 // contention arenas remove. So each arena holds, per counter, a share of
-// the headroom between the device's peak and its current sum: an increase
-// within the arena's share takes from it, a decrease adds to it, both
-// under a lock of that arena's alone; while every arena stays within its
-// share the sum cannot pass the peak. An increase beyond the share (a
-// crossing) takes the ledger's lock, gathers every arena's share, raises
-// the peak by what is still missing, and deals what is left out evenly.
-// Invariant, per counter: peak - sum of currents = sum of shares, each
-// share >= 0.
+// the headroom between the device's peak and its current sum, kept as a
+// ceiling (its current count plus its share): a change that stays at or
+// under the ceiling needs only a lock of that arena's alone, and while
+// every arena stays under its ceiling the sum cannot pass the peak. An
+// increase beyond the ceiling (a crossing) takes the ledger's lock,
+// gathers every arena's share (each ceiling down to its current count),
+// raises the peak by what is still missing, and deals what is left out
+// evenly. Invariant, per counter: peak = sum of ceilings, each ceiling >=
+// its arena's current count.
 //
 // Note [claimed repeats]: an arena's lock-free repeat (Note [repeats
 // without the lock] in caching_allocator.cpp) parks a freed block without
@@ -129,13 +130,13 @@ class arena_ledger {
     void unlock() { held.store(false, std::memory_order_release); }
     std::atomic<bool> held{false};
     counts current{};
-    counts headroom{};
+    counts ceiling{};  // current + this arena's share of the headroom
     repeat_slot* repeats = nullptr;
   };
   // `now` less the arena's claimed block, if any; `s` held.
   static const counts& without_claimed(const share& s, const counts& now, counts* scratch);
-  // Claims the parked block of share `s`, held, moving its counts to the
-  // headroom (Note [claimed repeats]).
+  // Claims the parked block of share `s`, held, its counts moving out of
+  // the current ones into the share of headroom (Note [claimed repeats]).
   static void claim_parked(share& s);
   // Claims every arena's parked block; the ledger's lock held.
   void claim_all_parked_locked() const;
