@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Python-level allocator benchmark: `torch.empty(n, device="cuda")` + `del`
 per pair, one training step of GPT-2 small (plain torch, bf16 autocast,
-AdamW) and of torchvision's ResNet-50 (random init, bf16 autocast, SGD), and
+AdamW), of torchvision's ResNet-50 (random init, bf16 autocast, SGD) and of
+a HuggingFace Llama (the corpus workloads' ~160M-parameter LlamaConfig,
+random weights, bf16 autocast, AdamW, loss from labels), and
 one generation request of GPT-2 small (bf16 weights, greedy, KV caches grown
 by torch.cat one token at a time), each under four allocators, every one in
 its own process:
@@ -201,6 +203,31 @@ def bench_gpt2_generate(torch, warmup, steps, batch, prompt_len, new_tokens):
     return result
 
 
+def bench_hf_llama(torch, warmup, steps, batch, length):
+    sys.path.insert(0, os.path.join(HERE, "workloads"))
+    import _workload  # sets the offline variables before transformers loads
+    from transformers import LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = _workload.llama_config(tiny=False, tiny_positions=0)
+    config.use_cache = False
+    model = LlamaForCausalLM(config).cuda().train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1)
+    tokens = torch.randint(0, config.vocab_size, (batch, length), device="cuda")
+
+    def step():
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(input_ids=tokens, labels=tokens).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    timing = time_steps(torch, step, warmup, steps)
+    result = {**timing, "batch": batch, "seq_len": length, "steps": steps, **memory_peaks(torch)}
+    del model, optimizer, tokens
+    return result
+
+
 def bench_resnet50(torch, warmup, steps, batch):
     import torchvision
 
@@ -244,6 +271,8 @@ def worker(mode, out_path, args):
     steps = {
         "gpt2_train_step": lambda: bench_gpt2(torch, args.step_warmup, args.steps, args.gpt2_batch, args.gpt2_seq_len),
         "resnet50_train_step": lambda: bench_resnet50(torch, args.step_warmup, args.steps, args.resnet_batch),
+        "hf_llama_train_step": lambda: bench_hf_llama(torch, args.step_warmup, args.steps, args.llama_batch,
+                                                      args.llama_seq_len),
         "gpt2_generate": lambda: bench_gpt2_generate(torch, args.step_warmup, args.steps, args.generate_batch,
                                                      args.generate_prompt_len, args.generate_new_tokens),
     }
@@ -260,7 +289,7 @@ def worker(mode, out_path, args):
 
 
 WORKLOADS = [("gpt2_train_step", "GPT-2 small step"), ("resnet50_train_step", "ResNet-50 step"),
-             ("gpt2_generate", "GPT-2 small generate")]
+             ("hf_llama_train_step", "HF Llama step"), ("gpt2_generate", "GPT-2 small generate")]
 PARTS = ["empty_del", *(key for key, _ in WORKLOADS)]
 
 
@@ -492,6 +521,8 @@ def main():
     counts.add_argument("--gpt2-batch", type=int, default=8)
     counts.add_argument("--gpt2-seq-len", type=int, default=1024)
     counts.add_argument("--resnet-batch", type=int, default=64)
+    counts.add_argument("--llama-batch", type=int, default=8)
+    counts.add_argument("--llama-seq-len", type=int, default=1024)
     counts.add_argument("--generate-batch", type=int, default=8)
     counts.add_argument("--generate-prompt-len", type=int, default=256)
     counts.add_argument("--generate-new-tokens", type=int, default=32)
@@ -515,6 +546,7 @@ def main():
         f"--reps={args.reps}", f"--warmup={args.warmup}", f"--iterations={args.iterations}",
         f"--steps={args.steps}", f"--step-warmup={args.step_warmup}", f"--gpt2-batch={args.gpt2_batch}",
         f"--gpt2-seq-len={args.gpt2_seq_len}", f"--resnet-batch={args.resnet_batch}",
+        f"--llama-batch={args.llama_batch}", f"--llama-seq-len={args.llama_seq_len}",
         f"--generate-batch={args.generate_batch}", f"--generate-prompt-len={args.generate_prompt_len}",
         f"--generate-new-tokens={args.generate_new_tokens}", f"--parts={args.parts}",
     ] + ([f"--cpu={args.cpu}"] if args.cpu is not None else [])

@@ -113,3 +113,23 @@ def test_the_share_holds_while_the_host_slows_down_mid_process(python_bench, mon
         assert merged["empty_del"][label]["allocator_share_ns_per_round"] == [extra[numel]]
     assert result[python_bench.CONTROL]["ns_per_pair"]["min"] == 2000
     assert result[python_bench.CONTROL]["ns_per_pair"]["max"] == 3000
+
+
+def step_round(bench, mode, ms, counters):
+    """One worker's HF Llama step result: every synchronized step took `ms`."""
+    step = {"ms_per_step": bench.summarize([ms, ms]), "samples": [ms, ms], "back_to_back_ms": ms,
+            "slow_path_during_timed_steps": counters, "batch": 8, "seq_len": 1024, "steps": 2,
+            "peak_allocated": 3 << 30, "peak_reserved": 4 << 30}
+    return {"mode": mode, "torch": "t", "device": "d", "cpu": None, "wall_s": 1.0, "hf_llama_train_step": step}
+
+
+def test_the_hf_llama_step_is_a_part_with_its_own_rows(python_bench, capsys):
+    assert "hf_llama_train_step" in python_bench.PARTS
+    native = python_bench.merge_rounds("native", [step_round(python_bench, "native", 100.0, None)])
+    ours = python_bench.merge_rounds("streamalloc", [step_round(python_bench, "streamalloc", 99.0, {"num_device_alloc": 3})])
+    python_bench.print_tables({"native": native, "streamalloc": ours}, ["native", "streamalloc"])
+    out = capsys.readouterr().out
+    assert "| HF Llama step (batch 8, seq 1024, 2 steps) | 100.00 ms" in out
+    assert "| -1.00% time |" in out
+    assert "HF Llama step 3" in out
+    assert "| HF Llama step | 4.00 / 3.00 | 4.00 / 3.00 |" in out
