@@ -63,7 +63,8 @@ arena_ledger::counts arena_ledger::current_counts(const device_stats& stats, con
   counts out;
   copy_currents(stats, &out, std::make_index_sequence<std::size(device_stats::k_arrays)>{},
                 std::make_index_sequence<std::size(device_stats::k_counters)>{});
-  add_held(&out, held, -1);
+  // No block held back means no bytes either: most sections skip the pass.
+  if ((held.blocks[0] | held.blocks[1]) != 0) add_held(&out, held, -1);
   return out;
 }
 
@@ -132,6 +133,10 @@ void arena_ledger::publish(int arena, const counts& now) {
   }
   std::lock_guard<std::mutex> lock(mutex_);
   cross_locked(arena, now);
+}
+
+void arena_ledger::publish(int arena, const device_stats& stats, const held_back& held) {
+  publish(arena, current_counts(stats, held));
 }
 
 arena_ledger::counts arena_ledger::published(int arena) const {

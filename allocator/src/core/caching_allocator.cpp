@@ -1441,7 +1441,7 @@ void caching_allocator::publish_to_ledger_locked() {
     ++held.blocks[kind];
     held.bytes[kind] += static_cast<std::int64_t>(b->size);
   }
-  ledger_->publish(arena_, arena_ledger::current_counts(stats_, held));
+  ledger_->publish(arena_, stats_, held);
   ledger_->set_reserved(arena_, at(stats_.reserved_bytes, stat_type::all).current);
 }
 

@@ -82,6 +82,8 @@ class arena_ledger {
   // run through the calls in an order they could have run in under one
   // lock.
   void publish(int arena, const counts& now);
+  // publish(arena, current_counts(stats, held)), the counts built in place.
+  void publish(int arena, const device_stats& stats, const held_back& held);
   // What arena `arena` published last, less what claims moved out since.
   counts published(int arena) const;
   // The device's current and peak counts (everything else zero).
