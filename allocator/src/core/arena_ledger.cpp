@@ -1,8 +1,10 @@
 #include "streamalloc/core/arena_ledger.hpp"
 
+#include <cstring>
 #include <iterator>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <utility>
 
 namespace streamalloc {
@@ -55,16 +57,38 @@ arena_ledger::held_back one_block(std::size_t size, bool small) {
   return held;
 }
 
-}  // namespace
+// True when some count of `counts` passes its ceiling: the signs of
+// ceiling - count ORed together, two counts a step, unrolled (the loop
+// GCC vectorizes by itself spends half its instructions on the loop).
+bool any_above(const arena_ledger::counts& counts, const arena_ledger::counts& ceilings) {
+  using pair = std::int64_t __attribute__((vector_size(16)));
+  static_assert(std::tuple_size<arena_ledger::counts>::value % 2 == 0, "counts go two at a time");
+  pair beyond{};
+#pragma GCC unroll 16
+  for (std::size_t i = 0; i < counts.size(); i += 2) {
+    pair count;
+    pair ceiling;
+    std::memcpy(&count, &counts[i], sizeof count);
+    std::memcpy(&ceiling, &ceilings[i], sizeof ceiling);
+    beyond |= ceiling - count;
+  }
+  return (beyond[0] | beyond[1]) < 0;
+}
 
-// Called at the end of every critical section of an arena: straight copies
+// The arena's counts less what it holds back, into `out`: straight copies
 // and a fixed set of corrections, no search per counter.
-arena_ledger::counts arena_ledger::current_counts(const device_stats& stats, const held_back& held) {
-  counts out;
-  copy_currents(stats, &out, std::make_index_sequence<std::size(device_stats::k_arrays)>{},
+void fill_counts(const device_stats& stats, const arena_ledger::held_back& held, arena_ledger::counts* out) {
+  copy_currents(stats, out, std::make_index_sequence<std::size(device_stats::k_arrays)>{},
                 std::make_index_sequence<std::size(device_stats::k_counters)>{});
   // No block held back means no bytes either: most sections skip the pass.
-  if ((held.blocks[0] | held.blocks[1]) != 0) add_held(&out, held, -1);
+  if ((held.blocks[0] | held.blocks[1]) != 0) add_held(out, held, -1);
+}
+
+}  // namespace
+
+arena_ledger::counts arena_ledger::current_counts(const device_stats& stats, const held_back& held) {
+  counts out;
+  fill_counts(stats, held, &out);
   return out;
 }
 
@@ -81,7 +105,7 @@ void arena_ledger::claim_parked(share& s) {
   std::size_t size = 0;
   bool small = false;
   if (s.repeats == nullptr || !s.repeats->claim(&size, &small)) return;
-  add_held(&s.current, one_block(size, small), -1);  // the ceiling stays: more headroom
+  add_held(&s.current(), one_block(size, small), -1);  // the ceiling stays: more headroom
 }
 
 void arena_ledger::claim_all_parked_locked() const {
@@ -100,7 +124,7 @@ void arena_ledger::seed(const device_stats& first, repeat_slot* repeats) {
   for_each_indexed(first, [&](int i, const stat_counter& c, stat_array device_stats::*, int) {
     const auto k = static_cast<std::size_t>(i);
     peak_[k] = c.peak;
-    s.current[k] = c.current;
+    s.current()[k] = c.current;
     s.ceiling[k] = c.peak;
   });
   arenas_ = 1;
@@ -116,33 +140,41 @@ void arena_ledger::join(int arena, repeat_slot* repeats) {
   if (arena + 1 > arenas_) arenas_ = arena + 1;
 }
 
+template <typename fill_fn>
+bool arena_ledger::publish_under_ceilings(share& s, fill_fn&& fill) {
+  std::lock_guard<share> held(s);
+  counts& next = s.next();
+  fill(&next);
+  if (const block* claimed = s.repeats != nullptr ? s.repeats->claimed() : nullptr) {
+    // The arena holds its lock: the claimed block stays as it is.
+    add_held(&next, one_block(claimed->size, claimed->owner->is_small), -1);
+  }
+  // One branch-free pass; a count under its ceiling changes nothing else,
+  // and the filled buffer becomes the published one.
+  if (any_above(next, s.ceiling)) return false;
+  s.swap_counts();
+  return true;
+}
+
 void arena_ledger::publish(int arena, const counts& now) {
   share& s = shares_[static_cast<std::size_t>(arena)];
-  {
-    std::lock_guard<share> held(s);
-    counts scratch;
-    const counts& net = without_claimed(s, now, &scratch);
-    // One branch-free pass and one block copy: a count under its ceiling
-    // changes nothing else.
-    std::int64_t beyond = 0;  // negative once any count passes its ceiling
-    for (std::size_t i = 0; i < net.size(); ++i) beyond |= s.ceiling[i] - net[i];
-    if (beyond >= 0) {
-      s.current = net;
-      return;
-    }
-  }
+  if (publish_under_ceilings(s, [&now](counts* out) { *out = now; })) return;
   std::lock_guard<std::mutex> lock(mutex_);
   cross_locked(arena, now);
 }
 
 void arena_ledger::publish(int arena, const device_stats& stats, const held_back& held) {
-  publish(arena, current_counts(stats, held));
+  share& s = shares_[static_cast<std::size_t>(arena)];
+  if (publish_under_ceilings(s, [&](counts* out) { fill_counts(stats, held, out); })) return;
+  // A crossing, rare: the arena holds its lock, so its counts are as they were.
+  std::lock_guard<std::mutex> lock(mutex_);
+  cross_locked(arena, current_counts(stats, held));
 }
 
 arena_ledger::counts arena_ledger::published(int arena) const {
   share& s = shares_[static_cast<std::size_t>(arena)];
   std::lock_guard<share> held(s);
-  return s.current;
+  return s.current();
 }
 
 void arena_ledger::cross_locked(int arena, const counts& now) {
@@ -153,7 +185,7 @@ void arena_ledger::cross_locked(int arena, const counts& now) {
     counts scratch;
     const counts& net = without_claimed(own, now, &scratch);
     for (std::size_t i = 0; i < net.size(); ++i) {
-      own.current[i] = net[i];
+      own.current()[i] = net[i];
       if (net[i] > own.ceiling[i]) {
         missing[i] = net[i] - own.ceiling[i];
         own.ceiling[i] = net[i];
@@ -168,8 +200,8 @@ void arena_ledger::cross_locked(int arena, const counts& now) {
     for (int a = 0; a < arenas_; ++a) {
       share& s = shares_[static_cast<std::size_t>(a)];
       std::lock_guard<share> held(s);
-      gathered += s.ceiling[i] - s.current[i];
-      s.ceiling[i] = s.current[i];
+      gathered += s.ceiling[i] - s.current()[i];
+      s.ceiling[i] = s.current()[i];
     }
     if (gathered >= missing[i]) {
       gathered -= missing[i];
@@ -193,7 +225,7 @@ device_stats arena_ledger::totals() const {
   for (int a = 0; a < arenas_; ++a) {
     share& s = shares_[static_cast<std::size_t>(a)];
     std::lock_guard<share> held(s);
-    for (std::size_t i = 0; i < sums.size(); ++i) sums[i] += s.current[i];
+    for (std::size_t i = 0; i < sums.size(); ++i) sums[i] += s.current()[i];
   }
   device_stats out;
   for_each_indexed(out, [&](int i, stat_counter& c, stat_array device_stats::*, int) {
@@ -210,8 +242,8 @@ void arena_ledger::reset_peaks() {
   peak_ = counts{};
   for (int a = 0; a < arenas_; ++a) {
     share& s = shares_[static_cast<std::size_t>(a)];
-    for (std::size_t i = 0; i < peak_.size(); ++i) peak_[i] += s.current[i];
-    s.ceiling = s.current;
+    for (std::size_t i = 0; i < peak_.size(); ++i) peak_[i] += s.current()[i];
+    s.ceiling = s.current();
   }
   for (int a = arenas_; a-- > 0;) shares_[static_cast<std::size_t>(a)].unlock();
 }
@@ -223,8 +255,8 @@ void arena_ledger::validate(const counts& arena_sums) const {
     std::int64_t ceilings = 0;
     for (int a = 0; a < arenas_; ++a) {
       const share& s = shares_[static_cast<std::size_t>(a)];
-      if (s.ceiling[i] < s.current[i]) throw std::logic_error("arena_ledger: a count above its arena's ceiling");
-      current += s.current[i];
+      if (s.ceiling[i] < s.current()[i]) throw std::logic_error("arena_ledger: a count above its arena's ceiling");
+      current += s.current()[i];
       ceilings += s.ceiling[i];
     }
     const std::string which = "arena_ledger: counter " + std::to_string(i);

@@ -130,13 +130,28 @@ class arena_ledger {
       }
     }
     void unlock() { held.store(false, std::memory_order_release); }
+    // The published counts and the buffer the next publish fills: a
+    // publish that stays under the ceilings swaps them instead of copying.
+    counts& current() { return counts_[front_]; }
+    const counts& current() const { return counts_[front_]; }
+    counts& next() { return counts_[front_ ^ 1]; }
+    void swap_counts() { front_ ^= 1; }
+
     std::atomic<bool> held{false};
-    counts current{};
     counts ceiling{};  // current + this arena's share of the headroom
     repeat_slot* repeats = nullptr;
+
+   private:
+    std::array<counts, 2> counts_{};
+    int front_ = 0;
   };
   // `now` less the arena's claimed block, if any; `s` held.
   static const counts& without_claimed(const share& s, const counts& now, counts* scratch);
+  // Under `s`'s lock: fill(&counts) writes the arena's counts, which become
+  // its published ones (less a claimed block) unless one passes its
+  // ceiling; false then, and nothing changed.
+  template <typename fill_fn>
+  static bool publish_under_ceilings(share& s, fill_fn&& fill);
   // Claims the parked block of share `s`, held, its counts moving out of
   // the current ones into the share of headroom (Note [claimed repeats]).
   static void claim_parked(share& s);
