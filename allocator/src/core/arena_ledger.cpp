@@ -57,6 +57,12 @@ arena_ledger::held_back one_block(std::size_t size, bool small) {
   return held;
 }
 
+// Takes a claimed block's counts out of `out` (Note [claimed repeats]). The
+// arena holds its lock, so the block stays as it is.
+void leave_out(const block* claimed, arena_ledger::counts* out) {
+  add_held(out, one_block(claimed->size, claimed->owner->is_small), -1);
+}
+
 // True when some count of `counts` passes its ceiling: the signs of
 // ceiling - count ORed together, two counts a step, unrolled (the loop
 // GCC vectorizes by itself spends half its instructions on the loop).
@@ -90,15 +96,6 @@ arena_ledger::counts arena_ledger::current_counts(const device_stats& stats, con
   counts out;
   fill_counts(stats, held, &out);
   return out;
-}
-
-const arena_ledger::counts& arena_ledger::without_claimed(const share& s, const counts& now, counts* scratch) {
-  const block* claimed = s.repeats != nullptr ? s.repeats->claimed() : nullptr;
-  if (claimed == nullptr) return now;
-  // The arena holds its lock: the claimed block stays as it is.
-  *scratch = now;
-  add_held(scratch, one_block(claimed->size, claimed->owner->is_small), -1);
-  return *scratch;
 }
 
 void arena_ledger::claim_parked(share& s) {
@@ -145,10 +142,7 @@ bool arena_ledger::publish_under_ceilings(share& s, fill_fn&& fill) {
   std::lock_guard<share> held(s);
   counts& next = s.next();
   fill(&next);
-  if (const block* claimed = s.repeats != nullptr ? s.repeats->claimed() : nullptr) {
-    // The arena holds its lock: the claimed block stays as it is.
-    add_held(&next, one_block(claimed->size, claimed->owner->is_small), -1);
-  }
+  if (const block* claimed = s.claimed()) leave_out(claimed, &next);
   // One branch-free pass; a count under its ceiling changes nothing else,
   // and the filled buffer becomes the published one.
   if (any_above(next, s.ceiling)) return false;
@@ -182,8 +176,8 @@ void arena_ledger::cross_locked(int arena, const counts& now) {
   counts missing{};
   {
     std::lock_guard<share> held(own);
-    counts scratch;
-    const counts& net = without_claimed(own, now, &scratch);
+    counts net = now;
+    if (const block* claimed = own.claimed()) leave_out(claimed, &net);
     for (std::size_t i = 0; i < net.size(); ++i) {
       own.current()[i] = net[i];
       if (net[i] > own.ceiling[i]) {

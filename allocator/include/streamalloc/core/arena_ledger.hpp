@@ -136,6 +136,8 @@ class arena_ledger {
     const counts& current() const { return counts_[front_]; }
     counts& next() { return counts_[front_ ^ 1]; }
     void swap_counts() { front_ ^= 1; }
+    // The arena's parked block that a claim took, if any.
+    const block* claimed() const { return repeats != nullptr ? repeats->claimed() : nullptr; }
 
     std::atomic<bool> held{false};
     counts ceiling{};  // current + this arena's share of the headroom
@@ -145,8 +147,6 @@ class arena_ledger {
     std::array<counts, 2> counts_{};
     int front_ = 0;
   };
-  // `now` less the arena's claimed block, if any; `s` held.
-  static const counts& without_claimed(const share& s, const counts& now, counts* scratch);
   // Under `s`'s lock: fill(&counts) writes the arena's counts, which become
   // its published ones (less a claimed block) unless one passes its
   // ceiling; false then, and nothing changed.
