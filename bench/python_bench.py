@@ -203,6 +203,18 @@ def bench_gpt2_generate(torch, warmup, steps, batch, prompt_len, new_tokens):
     return result
 
 
+def autocast_step(torch, optimizer, loss_fn):
+    """One training step: loss_fn() under bf16 autocast, backward, update."""
+    def step():
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = loss_fn()
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return step
+
+
 def bench_hf_llama(torch, warmup, steps, batch, length):
     sys.path.insert(0, os.path.join(HERE, "workloads"))
     import _workload  # sets the offline variables before transformers loads
@@ -215,13 +227,7 @@ def bench_hf_llama(torch, warmup, steps, batch, length):
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1)
     tokens = torch.randint(0, config.vocab_size, (batch, length), device="cuda")
 
-    def step():
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = model(input_ids=tokens, labels=tokens).loss
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-
+    step = autocast_step(torch, optimizer, lambda: model(input_ids=tokens, labels=tokens).loss)
     timing = time_steps(torch, step, warmup, steps)
     result = {**timing, "batch": batch, "seq_len": length, "steps": steps, **memory_peaks(torch)}
     del model, optimizer, tokens
@@ -237,13 +243,7 @@ def bench_resnet50(torch, warmup, steps, batch):
     images = torch.randn(batch, 3, 224, 224, device="cuda")
     labels = torch.randint(0, 1000, (batch,), device="cuda")
 
-    def step():
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = torch.nn.functional.cross_entropy(model(images), labels)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-
+    step = autocast_step(torch, optimizer, lambda: torch.nn.functional.cross_entropy(model(images), labels))
     timing = time_steps(torch, step, warmup, steps)
     result = {**timing, "batch": batch, "steps": steps, **memory_peaks(torch)}
     del model, optimizer, images, labels
