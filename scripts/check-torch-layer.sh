@@ -79,12 +79,10 @@ flags=(-std=$standard -fsyntax-only -Wall -Wextra -Wpedantic -Wshadow -Wnon-virt
   -isystem "$torch_include" -isystem "$torch_include/torch/csrc/api/include" -isystem "$python_include"
   -isystem "$cuda_include" -Iallocator/include -Ibuild/generated/include -Istreams/include -Ipython/src)
 echo "check-torch-layer: python/src/*.cpp against $torch_include ($standard)"
-failed=0
-for source in python/src/*.cpp; do
-  if ! g++ "${flags[@]}" "$source"; then
-    echo "check-torch-layer: $source does not compile"
-    failed=1
-  fi
-done
-[ $failed -eq 0 ] && echo "check-torch-layer: every file compiles"
-exit $failed
+# One g++ per file, as many at once as there are cores.
+if printf '%s\n' python/src/*.cpp | xargs -d '\n' -n 1 -P "$(nproc)" g++ "${flags[@]}"; then
+  echo "check-torch-layer: every file compiles"
+else
+  echo "check-torch-layer: a file does not compile (g++'s errors above name it)"
+  exit 1
+fi

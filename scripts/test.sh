@@ -19,8 +19,17 @@ ctest --test-dir build --output-on-failure -j "$(nproc)" || failed=1
 grep -h '^streamalloc-skip:' build/Testing/Temporary/LastTest.log 2>/dev/null | sort -u | sed 's/^/  skipped, /' || true
 
 echo "== ASan + UBSan: unit tests"
-cmake --preset asan >/dev/null && cmake --build --preset asan -j "$(nproc)" --target unit_tests &&
-  build-asan/bin/unit_tests "~[slow]" || failed=1
+# Two processes, so that two cores share the run: the long randomized runs,
+# and beside them the rest of "~[slow]" (the complement of the first spec).
+if cmake --preset asan >/dev/null && cmake --build --preset asan -j "$(nproc)" --target unit_tests; then
+  build-asan/bin/unit_tests "[randomized]~[expandable]~[slow]" >build-asan/unit-randomized.log 2>&1 &
+  randomized=$!
+  build-asan/bin/unit_tests "~[randomized]~[slow],[expandable]~[slow]" || failed=1
+  wait $randomized || failed=1
+  cat build-asan/unit-randomized.log
+else
+  failed=1
+fi
 
 echo "== TSan: multi-threaded tests"
 # thread_tests: the test files that hold a [threads] test (tests/CMakeLists.txt).
