@@ -2,7 +2,7 @@
 error without matplotlib, the version the tools print, the build
 backend's message without scikit-build-core and its wheel version; and
 the developers' tools: the sampling profiler, scripts/pc-sampler, and
-scale_traces.py."""
+scale_traces.py and mix_traces.py."""
 
 from __future__ import annotations
 
@@ -80,7 +80,7 @@ def test_wheel_version_is_cmake_version_with_the_torch_build(monkeypatch, tmp_pa
 
 
 def test_scripts_print_the_version():
-    for script in ("plot_replay.py", "capture_trace.py", "config_doc.py", "scale_traces.py"):
+    for script in ("plot_replay.py", "capture_trace.py", "config_doc.py", "scale_traces.py", "mix_traces.py"):
         run = subprocess.run([sys.executable, str(REPO / "scripts" / script), "--version"],
                              capture_output=True, text=True, check=True)
         assert run.stdout.strip() == f"{script} {VERSION}"
@@ -116,6 +116,34 @@ def test_scale_traces_scales_every_request_and_drops_native_segments(tmp_path):
                               str(tmp_path / "never"), "0"], capture_output=True, text=True)
     assert refused.returncode != 0 and "factor must be positive" in refused.stderr
     assert not (tmp_path / "never").exists()
+
+
+def test_mix_traces_interleaves_two_traces_in_proportion_apart_in_memory(tmp_path):
+    a = tmp_path / "a.trace.csv.gz"
+    with gzip.open(a, "wt") as f:
+        f.write("action,addr,size,stream\nsegment_alloc,4096,2097152,0\nalloc,4096,100,0\nalloc,8192,50,5\n"
+                "free_requested,4096,100,0\nfree_completed,4096,100,0\n")
+    b = tmp_path / "b.trace.csv"
+    # Columns in another order; a stream that A also uses (5) must be renamed.
+    b.write_text("stream,addr,action,size\n0,4096,alloc,7\n5,65536,alloc,9\n")
+    script = str(REPO / "scripts" / "mix_traces.py")
+    run = subprocess.run([sys.executable, script, str(a), str(b), str(tmp_path / "m.csv")],
+                         capture_output=True, text=True, check=True)
+    assert "4 + 2 events" in run.stdout
+    rows = (tmp_path / "m.csv").read_text().splitlines()
+    shift = (8192 + 50 + 2**30) // 2**30 * 2**30 - 4096 + 2**30
+    # A's events at 0, 1/4, 2/4, 3/4; B's at 0 and 1/2, after A's on a tie.
+    assert rows == ["action,addr,size,stream", "alloc,4096,100,0", f"alloc,{4096 + shift},7,0", "alloc,8192,50,5",
+                    "free_requested,4096,100,0", f"alloc,{65536 + shift},9,6", "free_completed,4096,100,0"]
+    subprocess.run([sys.executable, script, "--own-default-stream", str(a), str(b), str(tmp_path / "o.csv")],
+                   capture_output=True, text=True, check=True)
+    streams = [row.split(",")[3] for row in (tmp_path / "o.csv").read_text().splitlines()[1:]]
+    assert streams == ["0", "6", "5", "0", "7", "0"]
+    (tmp_path / "empty.csv").write_text("action,addr,size,stream\nsegment_alloc,1,2,0\n")
+    refused = subprocess.run([sys.executable, script, str(a), str(tmp_path / "empty.csv"), str(tmp_path / "x.csv")],
+                             capture_output=True, text=True)
+    assert refused.returncode != 0 and "has no alloc or free event" in refused.stderr
+    assert not (tmp_path / "x.csv").exists()
 
 
 def test_capture_trace_writes_the_blocks_live_before_recording_began(tmp_path):
