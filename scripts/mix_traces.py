@@ -7,7 +7,9 @@ A's, and B's side streams get numbers A does not use. B's default stream
 (0) stays the default stream that A uses too, as threads of one process
 share it, unless --own-default-stream gives it a stream of its own.
 Segment events are dropped (they record the native allocator of each
-program alone); so are the other events that replay ignores.
+program alone); so are the other events that replay ignores. A trace
+with free_requested lines and no free_completed has its frees written as
+free_completed, as replay would take them alone.
 
 A policy measured on programs run one at a time may not hold when two
 share the allocator; replaying mixed pairs shows it:
@@ -34,6 +36,9 @@ def read(path):
         raise SystemExit(f"mix_traces.py: {e}") from None
     if not events:
         raise SystemExit(f"mix_traces.py: {path} has no alloc or free event")
+    # Replay frees at free_requested only in a trace with no free_completed;
+    # once mixed with one that has them, such a trace would never free.
+    events, _ = trace_csv.free_at_requests_without_completions(events)
     return events
 
 

@@ -139,6 +139,11 @@ def test_mix_traces_interleaves_two_traces_in_proportion_apart_in_memory(tmp_pat
                    capture_output=True, text=True, check=True)
     streams = [row.split(",")[3] for row in (tmp_path / "o.csv").read_text().splitlines()[1:]]
     assert streams == ["0", "6", "5", "0", "7", "0"]
+    # B keeps only its frees' requests: they become completions, or B would never free once mixed.
+    b.write_text("action,addr,size,stream\nalloc,4096,7,0\nfree_requested,4096,7,0\n")
+    subprocess.run([sys.executable, script, str(a), str(b), str(tmp_path / "r.csv")],
+                   capture_output=True, text=True, check=True)
+    assert f"free_completed,{4096 + shift},7,0" in (tmp_path / "r.csv").read_text().splitlines()
     (tmp_path / "empty.csv").write_text("action,addr,size,stream\nsegment_alloc,1,2,0\n")
     refused = subprocess.run([sys.executable, script, str(a), str(tmp_path / "empty.csv"), str(tmp_path / "x.csv")],
                              capture_output=True, text=True)
