@@ -12,11 +12,11 @@
 #   new   the traces added with issue 16 (not the three captured before)
 #   NAME  the named traces only (see `scripts/capture_corpus.sh --list`)
 #
-# Environment: PYTHON (default python3; needs torch with CUDA, torchvision
-# and transformers), CAPTURE_TIMEOUT_S (one capture's limit, default 300),
-# CORPUS_TIME_LIMIT_S (no capture starts once this many seconds have passed;
-# default 0, no limit), REPLAY_BIN (a built streamalloc-replay: replays the
-# captured folder with --all at the end).
+# Environment: PYTHON (default python3; needs torch with CUDA, torchvision,
+# transformers, and peft for lora_finetune), CAPTURE_TIMEOUT_S (one
+# capture's limit, default 300), CORPUS_TIME_LIMIT_S (no capture starts once
+# this many seconds have passed; default 0, no limit), REPLAY_BIN (a built
+# streamalloc-replay: replays the captured folder with --all at the end).
 set -uo pipefail
 
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -64,6 +64,15 @@ corpus=(
   "segmentation_train_varsize|segmentation_train.py|"
   "stream_pipeline_infer|stream_pipeline_infer.py|"
   "sampled_generate|sampled_generate.py|"
+  "bert_serve_inflight6|bert_serve.py|--seed 9 --in-flight 6"
+  "fsdp2_streams4_world4|fsdp2_streams.py|--streams 4 --seed 6 --world 4"
+  "hf_generate_static_seed7|hf_generate.py|--cache static --seed 7"
+  "sampled_generate_seed5|sampled_generate.py|--seed 5"
+  "seq2seq_train|seq2seq_train.py|"
+  "clip_train|clip_train.py|"
+  "gan_train|gan_train.py|"
+  "lora_finetune|lora_finetune.py|"
+  "optimizer_offload_train|optimizer_offload_train.py|"
 )
 existing=(gpt2_train_varlen gpt2_generate resnet50_fixed_batch)
 

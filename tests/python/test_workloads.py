@@ -2,9 +2,9 @@
 on any machine: every workload compiles, the names other scripts import
 from the workloads exist, scripts/capture_corpus.sh lists
 exactly the traces tests/data/traces/README.md describes, and, where torch,
-torchvision and transformers import, each workload runs its code path on
-the CPU with a tiny model (`--device cpu --tiny`); without them those runs
-skip with the reason."""
+torchvision and transformers import (and peft, for lora_finetune), each
+workload runs its code path on the CPU with a tiny model (`--device cpu
+--tiny`); without them those runs skip with the reason."""
 
 from __future__ import annotations
 
@@ -102,8 +102,13 @@ def test_committed_traces_are_in_the_corpus():
     assert committed <= {name for name, _, _ in corpus()}
 
 
-def _missing_modules():
-    return [m for m in ("torch", "torchvision", "transformers") if importlib.util.find_spec(m) is None]
+# Modules a workload needs beyond torch, torchvision and transformers.
+EXTRA_MODULES = {"lora_finetune.py": ("peft",)}
+
+
+def _missing_modules(script=None):
+    wanted = ("torch", "torchvision", "transformers", *EXTRA_MODULES.get(script, ()))
+    return [m for m in wanted if importlib.util.find_spec(m) is None]
 
 
 def _run_tiny(script, args):
@@ -129,6 +134,7 @@ def tiny_runs(request):
         item.callspec.params
         for item in request.session.items
         if getattr(item, "originalname", None) == "test_workload_runs_tiny_on_the_cpu"
+        and not _missing_modules(item.callspec.params["script"])
     ]
     workers = max(1, (os.cpu_count() or 2) // 2)
     with ThreadPoolExecutor(max_workers=workers) as pool:
@@ -138,7 +144,7 @@ def tiny_runs(request):
 
 @pytest.mark.parametrize("name,script,args", [e for e in corpus() if e[1] not in CUDA_ONLY])
 def test_workload_runs_tiny_on_the_cpu(name, script, args, tiny_runs):
-    missing = _missing_modules()
+    missing = _missing_modules(script)
     if missing:
         pytest.skip(f"needs {', '.join(missing)} (not importable here)")
     proc = tiny_runs[name]

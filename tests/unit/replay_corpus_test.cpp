@@ -47,7 +47,7 @@ struct corpus_exception {
 // bert_serve left the list at 1.0157 (1.1855 before) when the repeat-stitch
 // budget gave way to Note [stitch cycles] and stitching took chunks beside
 // the hole (Note [beside the hole]).
-constexpr std::array<corpus_exception, 10> k_corpus_exceptions{{
+constexpr std::array<corpus_exception, 12> k_corpus_exceptions{{
     // 1.0218 since Note [chunk-aligned starts] (1.0277 before); 1.0203 since
     // the block after the hole gives its idle chunks (Note [beside the hole]).
     {"fsdp2_streams2", 1.025,
@@ -74,6 +74,11 @@ constexpr std::array<corpus_exception, 10> k_corpus_exceptions{{
     // A held-out workload: 1.0443 on its first replay, with no change made for it.
     {"sampled_generate", 1.05,
      "sampled answers with sliding-window caches: at the peak 31.48 MiB lie free in partly used chunks of 21 mapped runs"},
+    // Held-out captures with other seeds, replayed with no change made for them.
+    {"hf_generate_static_seed7", 1.05,
+     "static caches made layer by layer between transients: at the peak lone 8.2 MiB caches leave 1.8 MiB of their "
+     "last chunk each (1.0466)"},
+    {"sampled_generate_seed5", 1.045, "the same sliding-window sampling with other requests (1.0380)"},
 }};
 
 double ratio_limit_for(const std::string& name) {
