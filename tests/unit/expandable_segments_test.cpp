@@ -455,6 +455,27 @@ TEST_CASE("expandable: a stitch that keeps coming back after other stitches grow
   f.alloc.free(ballast);
 }
 
+TEST_CASE("expandable: a stitch that comes back at irregular intervals is no cycle and keeps stitching",
+          "[expandable]") {
+  // The same two stitches as above take turns, but one more allocation
+  // every other round puts their recurrences G and G + 1 allocations apart,
+  // neither a whole number of the other: not a loop's period, as when a
+  // training loop of varying shapes draws a shape again. Growing there
+  // would raise the peak for a stitch that may not come back.
+  sim_fixture f(vmm_device());
+  void* ballast = f.alloc.allocate(k_ballast_bytes, f.s2);
+  void* small = f.alloc.allocate(512, f.s2);  // keeps the small chunk the extra allocations use
+  for (int round = 0; round < 6; ++round) {
+    INFO(round);
+    CHECK(stitch_round(f, 8_MiB));
+    if (round % 2 == 1) f.alloc.free(f.alloc.allocate(512, f.s2));
+    CHECK(stitch_round(f, 6_MiB));
+  }
+  CHECK(f.stats().reserved_bytes[0].peak == static_cast<std::int64_t>(k_ballast_bytes + 2_MiB + 12_MiB));
+  f.alloc.free(small);
+  f.alloc.free(ballast);
+}
+
 TEST_CASE("expandable: a cycle stitches on when its growth would pass its share of the allocation peak",
           "[expandable]") {
   // The peak is the rounds' 12 MiB alone: 2% of it is less than a chunk, so

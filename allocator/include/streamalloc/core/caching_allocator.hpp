@@ -627,7 +627,13 @@ class caching_allocator {
     int runs = 0;
     int stitches = 0;
     bool grew = false;  // refused once, grown instead (Note [stitch cycles])
+    std::uint64_t last_run_at = 0;  // allocation_clock_ when its last run began
+    std::uint64_t last_gap = 0;     // allocations between its last two runs' starts (0: one run so far)
   };
+  // Note [stitch cycles]: whether a run of `count`'s stitch beginning now
+  // comes a whole number of its last gaps after the last run began, or its
+  // last gap a whole number of these: recurrences a loop's period apart.
+  bool recurs_periodically_locked(const stitch_count& count) const;
   std::map<std::pair<std::int64_t, std::size_t>, stitch_count> stitch_runs_;
   std::pair<std::int64_t, std::size_t> last_stitch_{-1, 0};
   std::size_t cycle_grown_bytes_ = 0;  // grown instead of stitching, since the history began
