@@ -73,6 +73,10 @@ corpus=(
   "gan_train|gan_train.py|"
   "lora_finetune|lora_finetune.py|"
   "optimizer_offload_train|optimizer_offload_train.py|"
+  "chunked_prefill_serve|chunked_prefill_serve.py|"
+  "dpo_train|dpo_train.py|"
+  "convnext_train_varsize|vision_train.py|--model convnext_tiny"
+  "mamba_train_varlen|mamba_train.py|"
 )
 existing=(gpt2_train_varlen gpt2_generate resnet50_fixed_batch)
 

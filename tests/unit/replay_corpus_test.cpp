@@ -47,7 +47,7 @@ struct corpus_exception {
 // bert_serve left the list at 1.0157 (1.1855 before) when the repeat-stitch
 // budget gave way to Note [stitch cycles] and stitching took chunks beside
 // the hole (Note [beside the hole]).
-constexpr std::array<corpus_exception, 12> k_corpus_exceptions{{
+constexpr std::array<corpus_exception, 13> k_corpus_exceptions{{
     // 1.0218 since Note [chunk-aligned starts] (1.0277 before); 1.0203 since
     // the block after the hole gives its idle chunks (Note [beside the hole]).
     {"fsdp2_streams2", 1.025,
@@ -79,6 +79,10 @@ constexpr std::array<corpus_exception, 12> k_corpus_exceptions{{
      "static caches made layer by layer between transients: at the peak lone 8.2 MiB caches leave 1.8 MiB of their "
      "last chunk each (1.0466)"},
     {"sampled_generate_seed5", 1.045, "the same sliding-window sampling with other requests (1.0380)"},
+    // A held-out workload (fifty-ninth session), replayed with no change made for it.
+    {"chunked_prefill_serve", 1.03,
+     "a 0.4 GB server whose dynamic caches grow chunk by chunk: at the peak 14.73 MiB lie free in partly used "
+     "chunks of 11 mapped runs, one chunk over 1.02 (1.0209)"},
 }};
 
 double ratio_limit_for(const std::string& name) {
