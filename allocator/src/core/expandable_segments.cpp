@@ -230,7 +230,7 @@ namespace streamalloc {
 namespace {
 
 // Note [stitch cycles]: the separate runs a stitch may make; the next one
-// grows instead.
+// grows instead when it comes a loop's period after the last.
 constexpr int k_stitch_cycle_runs = 2;
 // Stitches remembered for Note [stitch cycles] before the history starts
 // over (a bound on memory, not a tuning knob: each entry costs a stitch).
