@@ -215,6 +215,42 @@ TEST_CASE("expandable: stitching moves idle chunks instead of growing", "[expand
   f.check_consistent();
 }
 
+TEST_CASE("expandable: stitching takes first the holes that strand no free bytes", "[expandable]") {
+  // Note [stranded bytes]: hole A (4.5 MiB, two idle chunks) leaves 0.5 MiB
+  // free in the chunk it shares with the block before it once its chunks go;
+  // hole B (6 MiB, three idle chunks) lies on chunk boundaries and leaves
+  // none. B gives its chunks first although A is the smaller hole.
+  sim_fixture f(vmm_device());
+  void* x0 = f.alloc.allocate(1536_KiB, f.s1);
+  void* a = f.alloc.allocate(4608_KiB, f.s1);
+  void* x1 = f.alloc.allocate(2_MiB, f.s1);
+  void* b = f.alloc.allocate(6_MiB, f.s1);
+  void* x2 = f.alloc.allocate(2_MiB, f.s1);
+  REQUIRE(addr(a) == addr(x0) + 1536_KiB);
+  REQUIRE(addr(x1) == addr(a) + 4608_KiB);
+  REQUIRE(addr(b) == addr(x1) + 2_MiB);
+  REQUIRE(addr(x2) == addr(b) + 6_MiB);
+  REQUIRE((addr(b) - addr(x0)) % 2_MiB == 0);
+  f.alloc.free(a);
+  f.alloc.free(b);
+  REQUIRE(reserved(f) == static_cast<std::int64_t>(16_MiB));
+
+  // 7 MiB fits no free block and needs four chunks: B's three, then one of A's.
+  void* big = f.alloc.allocate(7_MiB, f.s1);
+  f.check_consistent();
+  CHECK(f.stats().num_stitched_blocks == 1);
+  CHECK(f.stats().num_chunk_unmaps == 4);
+  CHECK(reserved(f) == static_cast<std::int64_t>(16_MiB));
+  const allocator_snapshot snap = f.snapshot();
+  CHECK(find_segment(snap, addr(b)) == nullptr);        // B unmapped whole
+  CHECK(find_segment(snap, addr(b) - 1_MiB) != nullptr);  // x1's run
+  const segment_info* a_run = find_segment(snap, addr(a));
+  REQUIRE(a_run != nullptr);  // A keeps the chunk it shares with x0 and one more
+  CHECK(a_run->address + a_run->total_size == addr(x0) + 4_MiB);
+  for (void* p : {x0, x1, x2, big}) f.alloc.free(p);
+  f.check_consistent();
+}
+
 TEST_CASE("expandable: without stitching the range grows instead", "[expandable]") {
   sim_fixture f(vmm_device(), without_stitching());
   const std::vector<void*> kept = make_two_holes(f, f.s1);

@@ -75,8 +75,9 @@ struct paired_allocators {
 
   // Both report the same counters, cumulative ones too: the kept one's
   // recent frees and reuses are counted when stats() returns them. (The
-  // cumulative inactive-split counters miss the merges and splits that
-  // reuses skip.)
+  // inactive-split counters miss the merges and splits that reuses skip:
+  // the cumulative ones, and the peak a free reaches before its reuse
+  // splits the block again, so the kept one's peak is at most the other's.)
   void check_same_counters() {
     const device_stats a = kept.alloc.stats();
     const device_stats b = returned.alloc.stats();
@@ -98,10 +99,12 @@ struct paired_allocators {
         const stat_counter& x = array.kept[static_cast<std::size_t>(type)];
         const stat_counter& y = array.returned[static_cast<std::size_t>(type)];
         CHECK(x.current == y.current);
-        CHECK(x.peak == y.peak);
         if (std::string(array.name) != "inactive_split") {
+          CHECK(x.peak == y.peak);
           CHECK(x.allocated == y.allocated);
           CHECK(x.freed == y.freed);
+        } else {
+          CHECK(x.peak <= y.peak);
         }
       }
     }

@@ -881,7 +881,9 @@ inline void caching_allocator::complete_free_locked(block* b) {
 // frees out). So a reuse changes no current count and passes no peak;
 // what it owes the cumulative counts (a free and an allocation) waits in
 // reuse_tally_ until the flush. The cumulative inactive-split counters
-// miss the merge and split a reuse skips. Their streams' active blocks
+// miss the merge and split a reuse skips, and so may the inactive-split
+// peak (the merged free block counted until the reuse splits it again).
+// Their streams' active blocks
 // for mid-size requests (active_by_stream_) also count them until the
 // return, and a request leaves them out. Blocks with stream uses, and
 // blocks of private pools, return as before. A workload whose requests

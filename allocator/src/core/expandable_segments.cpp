@@ -75,6 +75,30 @@
 // (bert_serve_inflight8 1.0230 -> 1.0271, hf_generate_dynamic 1.0292 ->
 // 1.0363, fsdp2_streams4 1.0253 -> 1.0291).
 //
+// Note [stranded bytes]: which free runs give their chunks first. A run
+// whose chunks all go leaves behind the free bytes it had in the chunks
+// at its ends, where a block in use sits on the other side: free bytes in
+// partly used chunks, which no stitch can take and only a request small
+// enough to fit there can use -- the excess of reserved over allocated
+// memory at the peak of most traces above the target. A run that ends
+// beside unmapped address space, or on a chunk boundary, leaves none. So
+// the runs that strand the fewest bytes go first, and among equals the
+// small holes (the order before). On the simulated device, the corpus:
+// traces above 1.02 13 -> 9 (fsdp2_streams2 1.0203 -> 1.0159,
+// fsdp2_streams4 1.0228 -> 1.0178, fsdp2_streams4_long 1.0210 -> 1.0163,
+// hf_generate_dynamic 1.0292 -> 1.0152, hf_generate_dynamic_long 1.0394 ->
+// 1.0309, sampled_generate 1.0443 -> 1.0387), worst 1.0466 -> 1.0446,
+// median 1.0071 -> 1.0073; worse: inference_server 1.0101 -> 1.0156,
+// bert_serve_inflight8 1.0230 -> 1.0271, chunked_prefill_serve 1.0209 ->
+// 1.0255, hf_generate_static 1.0412 -> 1.0446. With every request size
+// scaled by 0.5 to 3.0 (scripts/scale_traces.py; 465 replays with the
+// corpus), traces above 1.02 101 -> 92, the mean excess over 1.0 0.01332
+// -> 0.01280, the worst 1.0987 -> 1.1049 (x0.5). Counted per idle chunk
+// the run gives, stranded bytes did worse (12 traces above 1.02; 101 over
+// those replays), and only whether a run strands any worse still (15).
+// Taking a run's ends first makes the runs drift through their range
+// (Note [address space]).
+//
 // Note [private ranges]: with expandable_private_pools (torch's
 // expandable_segments:True sets it; off by default), a private pool without
 // a segment source of its own or no_split grows expandable ranges too, as
@@ -187,7 +211,7 @@
 // a time never sees a call waiting, so it stitches exactly as before
 // (a trace replay, one thread, takes the same path as without the rule).
 //
-// Note [address space]: a range reserves four times the device's memory
+// Note [address space]: a range reserves eight times the device's memory
 // of address space (k_address_space_per_device_memory), which costs no
 // memory. Sized like the device, as it first was, a range left a program
 // that uses most of the device little room between its mapped runs: a
@@ -197,13 +221,17 @@
 // simulated device with its capacity at 1.06 times each trace's peak of
 // live bytes, the corpus's median was 1.0078 and compile_train reserved
 // 1.0579 times its peak (1.0042 on a roomy device); at 1.045 times,
-// sampled_generate ran out of memory. With four times the address space
-// every trace at 1.06, 1.10 and 1.25 replays at its roomy ratio (median
-// 1.0073, worst 1.0443), at 1.045 all but bert_serve (1.0214 against
-// 1.0186), and none runs out at 1.045; twice was not enough for the
-// multi-stream traces (fsdp2_streams4 1.0253 at 1.06 where four times
-// gives 1.0228). A driver that refuses that much address space gets
-// ranges the size of the device.
+// sampled_generate ran out of memory. Four times was enough until
+// stitching took the donors that strand the fewest bytes first (Note
+// [stranded bytes]): those are the ends of mapped runs, so the holes grow
+// at the runs' ends and the runs drift through the range, and bert_serve
+// reached the end of a range four times a device of 1.045, 1.06 and 1.10
+// times its peak (1.0214, 1.0186, 1.0186 against 1.0157 on a roomy
+// device). With eight times every corpus trace at 1.045, 1.06, 1.10 and
+// 1.25 replays at its roomy ratio and none runs out; twice was not enough
+// even before (fsdp2_streams4 1.0253 at 1.06 where four times gave
+// 1.0228). A driver that refuses that much address space gets ranges the
+// size of the device.
 //
 // Note [expandable segments switched off]: update_config may switch
 // expandable segments off (and on) while memory is live, as torch's
@@ -547,6 +575,7 @@ std::size_t caching_allocator::steal_idle_chunks_locked(std::size_t wanted, cons
     std::size_t idle;
     std::uintptr_t from;
     std::uintptr_t to;
+    std::size_t stranded;  // Note [stranded bytes]
   };
   // Every free mapped block of a range is in the default pool's free sets
   // (recent frees went back to them before the request looked for growth),
@@ -570,7 +599,13 @@ std::size_t caching_allocator::steal_idle_chunks_locked(std::size_t wanted, cons
     const std::uintptr_t to = end - (last->next == where.target ? chunk : 0);
     if (from < to && to - from >= chunk) {
       if (const std::size_t idle = idle_chunks_in(s, from, to); idle != 0) {
-        donors.push_back({b, last, end - b->address, idle, from, to});
+        // Note [stranded bytes]: the free bytes beside a block in use, in
+        // the chunks at either end of the run, which no stitch can take.
+        const auto live = [](const block* n) { return n != nullptr && n->mapped; };
+        const std::size_t start = b->address - s->address;
+        const std::size_t left = live(b->prev) ? (chunk - start % chunk) % chunk : 0;
+        const std::size_t right = live(last->next) ? (end - s->address) % chunk : 0;
+        donors.push_back({b, last, end - b->address, idle, from, to, left + right});
       }
     }
   };
@@ -581,10 +616,12 @@ std::size_t caching_allocator::steal_idle_chunks_locked(std::size_t wanted, cons
     set->for_each_unordered(add_runs, set->one_stream() ? chunk_bytes_ : 0);
   }
   if (donors.empty()) return 0;
-  // Small holes first: they are the fragmentation; large free blocks are
-  // the ones later requests can still use whole. The order is total (no
+  // Note [stranded bytes]: the runs that strand the fewest free bytes
+  // first, then small holes: they are the fragmentation; large free blocks
+  // are the ones later requests can still use whole. The order is total (no
   // two runs start at one address), so the visiting order does not matter.
   std::sort(donors.begin(), donors.end(), [](const free_run& a, const free_run& b) {
+    if (a.stranded != b.stranded) return a.stranded < b.stranded;
     return a.bytes != b.bytes ? a.bytes < b.bytes : a.first->address < b.first->address;
   });
   std::size_t covered = 0;

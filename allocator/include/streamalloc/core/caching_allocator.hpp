@@ -161,7 +161,7 @@ class caching_allocator {
   static constexpr double k_cycle_growth_share = 0.02;
   // Address space reserved per expandable range, in multiples of the
   // device's memory (Note [address space] in expandable_segments.cpp).
-  static constexpr std::size_t k_address_space_per_device_memory = 4;
+  static constexpr std::size_t k_address_space_per_device_memory = 8;
 
   // --- introspection ---
   device_stats stats() const;
