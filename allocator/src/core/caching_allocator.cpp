@@ -883,12 +883,12 @@ inline void caching_allocator::complete_free_locked(block* b) {
 // reuse_tally_ until the flush. The cumulative inactive-split counters
 // miss the merge and split a reuse skips, and so may the inactive-split
 // peak (the merged free block counted until the reuse splits it again).
-// Their streams' active blocks
-// for mid-size requests (active_by_stream_) also count them until the
-// return, and a request leaves them out. Blocks with stream uses, and
-// blocks of private pools, return as before. A workload whose requests
-// rarely repeat a size would pay a little for keeping and gain nothing, so
-// keeping pauses while few kept blocks come back (recent_frees::keep_next).
+// Their streams' active blocks for mid-size requests (active_by_stream_)
+// also count them until the return, and a request leaves them out. Blocks
+// with stream uses, and blocks of private pools, return as before. A
+// workload whose requests rarely repeat a size would pay a little for
+// keeping and gain nothing, so keeping pauses while few kept blocks come
+// back (recent_frees::keep_next).
 inline void caching_allocator::keep_recent_locked(block* b) {
   complete_free_locked(b);
   b->recent = true;
