@@ -118,6 +118,16 @@ class run:
             return torch.autocast("cuda", dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
+    def causal_lm_step(self, model, optimizer, tokens):
+        """One training step of a causal language model on `tokens` (the
+        inputs are the labels); returns the loss."""
+        with self.autocast():
+            loss = model(input_ids=tokens, labels=tokens).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return loss
+
     def dtype(self):
         """Weights and activations for inference: bf16 on the GPU, fp32 on the CPU."""
         return torch.bfloat16 if self.cuda else torch.float32

@@ -45,11 +45,7 @@ def main():
         length = w.randint(args.min_len, args.max_len)
         lengths.append(length)
         tokens = torch.randint(0, config.vocab_size, (args.batch, length), device=w.device)
-        with w.autocast():
-            loss = model(input_ids=tokens, labels=tokens).loss
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        loss = w.causal_lm_step(model, optimizer, tokens)
     w.finish(
         f"{args.steps} steps, batch {args.batch}, lengths {min(lengths)}..{max(lengths)}, "
         f"checkpointing {'on' if args.checkpointing else 'off'}, last loss {loss.item():.3f}"

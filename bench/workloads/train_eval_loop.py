@@ -62,11 +62,7 @@ def main():
     for step in range(1, args.steps + 1):
         length = w.randint(args.min_len, args.max_len)
         tokens = torch.randint(0, config.vocab_size, (args.batch, length), device=w.device)
-        with w.autocast():
-            loss = model(input_ids=tokens, labels=tokens).loss
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        loss = w.causal_lm_step(model, optimizer, tokens)
         if step % args.eval_every == 0:
             eval_loss, accuracy = evaluate(w, model, config.vocab_size, args)
             evaluations += 1
