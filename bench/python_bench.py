@@ -37,8 +37,11 @@ A training step (or generation request) is timed two ways: each step
 between two synchronizations (the host's launch time counts whenever it
 exceeds the GPU's), and steps
 issued back to back with one synchronization at the end (what a training
-loop sees). For streamalloc, the allocator's counters of device calls and
-stream synchronizations during the timed steps are reported too.
+loop sees). Besides the pooled figures, each round's streamalloc figure is
+set against native's of the same round: the host's speed drifts between
+processes by more than 1%, and a round's modes ran moments apart. For
+streamalloc, the allocator's counters of device calls and stream
+synchronizations during the timed steps are reported too.
 """
 
 import argparse
@@ -152,23 +155,34 @@ def time_steps(torch, step, warmup, steps):
     """Runs `step` warmup + steps times, each between two synchronizations,
     then `steps` more back to back with one synchronization at the end.
     Returns the per-step milliseconds of the synchronized steps, the mean of
-    the back-to-back ones, and (streamalloc) the counter deltas over both."""
+    the back-to-back ones, and (streamalloc) the counter deltas over both.
+    Python's cycle collector is off while steps run and collects between
+    the synchronized ones, untimed: a collection inside a step would add
+    its pause to whichever mode it fell on."""
+    import gc
+
     times = []
     before = None
-    for i in range(warmup + steps):
-        if i == warmup:
-            before = slow_path_counters()
-        torch.cuda.synchronize()
+    gc.disable()
+    try:
+        for i in range(warmup + steps):
+            if i == warmup:
+                before = slow_path_counters()
+            gc.collect()
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            step()
+            torch.cuda.synchronize()
+            if i >= warmup:
+                times.append((time.perf_counter() - start) * 1e3)
+        gc.collect()
         start = time.perf_counter()
-        step()
+        for _ in range(steps):
+            step()
         torch.cuda.synchronize()
-        if i >= warmup:
-            times.append((time.perf_counter() - start) * 1e3)
-    start = time.perf_counter()
-    for _ in range(steps):
-        step()
-    torch.cuda.synchronize()
-    back_to_back = (time.perf_counter() - start) * 1e3 / steps
+        back_to_back = (time.perf_counter() - start) * 1e3 / steps
+    finally:
+        gc.enable()
     after = slow_path_counters()
     deltas = None if after is None else {name: after[name] - before[name] for name in after}
     return {"ms_per_step": summarize(times), "samples": times, "back_to_back_ms": back_to_back,
@@ -346,6 +360,7 @@ def merge_rounds(mode, rounds):
         workload = {k: v for k, v in per_round[0].items() if k not in ("peak_allocated", "peak_reserved", "error")}
         workload.update({
             "ms_per_step": summarize(samples), "samples": samples,
+            "median_ms_per_round": [w["ms_per_step"]["median"] for w in per_round],
             "back_to_back_ms": summarize([w["back_to_back_ms"] for w in per_round]),
             "back_to_back_ms_per_round": [w["back_to_back_ms"] for w in per_round],
             "slow_path_during_timed_steps": [w["slow_path_during_timed_steps"] for w in per_round],
@@ -422,6 +437,29 @@ def print_per_round_rows(ok, modes, compare, labels, key, fmt, versus, unit=""):
         print(row)
 
 
+def paired_round_ratios(native, ours, figure):
+    """streamalloc's figure over native's of the same round, per round: the
+    rounds ran every mode back to back, so the host's slow and fast spells
+    fall on both sides of each ratio."""
+    return [b / a for a, b in zip(native[figure], ours[figure])]
+
+
+def print_paired_rounds(ok, timed):
+    print()
+    print("### streamalloc's step time over native's in the same round (the round's median step between "
+          "synchronizations; steps back to back): median over rounds [min, max]")
+    print()
+    print("| workload | rounds | between synchronizations | back to back |")
+    print("|---|---|---|---|")
+    for key, name in timed:
+        native, ours = ok["native"][key], ok["streamalloc"][key]
+        cells = []
+        for figure in ("median_ms_per_round", "back_to_back_ms_per_round"):
+            ratios = summarize([(r - 1) * 100 for r in paired_round_ratios(native, ours, figure)])
+            cells.append(f"{ratios['median']:+.2f}% [{ratios['min']:+.2f}, {ratios['max']:+.2f}]")
+        print(f"| {name} | {len(native['median_ms_per_round'])} | " + " | ".join(cells) + " |")
+
+
 def print_tables(results, modes):
     ok = {m: r for m, r in results.items() if "error" not in r}
     first = next(iter(ok.values()), {})
@@ -476,6 +514,8 @@ def print_tables(results, modes):
                "ms_per_step", fmt_ms, True)
     step_table("### Steps back to back, one synchronization per run of steps: ms per step, median over rounds [min, max]",
                "back_to_back_ms", lambda b: f"{b['median']:.2f} ms [{b['min']:.2f}, {b['max']:.2f}]", False)
+    if compare:
+        print_paired_rounds(ok, timed)
     if "streamalloc" in ok:
         print()
         print("streamalloc's device calls and waits during the timed steps (per round, sum of the counters "

@@ -133,3 +133,16 @@ def test_the_hf_llama_step_is_a_part_with_its_own_rows(python_bench, capsys):
     assert "| -1.00% time |" in out
     assert "HF Llama step 3" in out
     assert "| HF Llama step | 4.00 / 3.00 | 4.00 / 3.00 |" in out
+
+
+def test_each_round_sets_streamalloc_against_native_of_the_same_round(python_bench, capsys):
+    # The second round ran on a host 10% slower for both modes: pooled, the
+    # rounds blur together; paired, each round says +1% and -2%.
+    native = python_bench.merge_rounds("native", [step_round(python_bench, "native", 100.0, None),
+                                                  step_round(python_bench, "native", 110.0, None)])
+    ours = python_bench.merge_rounds("streamalloc", [step_round(python_bench, "streamalloc", 101.0, {}),
+                                                     step_round(python_bench, "streamalloc", 107.8, {})])
+    assert native["hf_llama_train_step"]["median_ms_per_round"] == [100.0, 110.0]
+    python_bench.print_tables({"native": native, "streamalloc": ours}, ["native", "streamalloc"])
+    out = capsys.readouterr().out
+    assert "| HF Llama step | 2 | -0.50% [-2.00, +1.00] | -0.50% [-2.00, +1.00] |" in out
