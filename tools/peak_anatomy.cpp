@@ -128,9 +128,20 @@ peak_anatomy examine_reserved_peak(const std::vector<trace_file_event>& events,
     for (const segment_info& s : allocator->snapshot().segments) {
       if (s.pool == 0) count_free(s, chunk, &out);
     }
+    const device_stats before = allocator->stats();
     void* ptr = allocator->allocate(e.size, static_cast<stream_handle>(e.stream));
+    const device_stats after = allocator->stats();
+    const auto grew = [&](std::int64_t device_stats::*counter) {
+      return static_cast<std::size_t>(after.*counter - before.*counter);
+    };
+    out.call_chunk_maps = grew(&device_stats::num_chunk_maps);
+    out.call_chunk_unmaps = grew(&device_stats::num_chunk_unmaps);
+    out.call_stitch_syncs = grew(&device_stats::num_stitch_syncs);
+    out.call_device_allocs = grew(&device_stats::num_device_alloc);
+    out.call_device_frees = grew(&device_stats::num_device_free);
     out.repeated = reserved_now(*allocator) == out.reserved_after;
     out.runs_after = list_mapped_runs(*allocator);
+    for (const peak_run& run : out.runs_after) out.idle_chunk_bytes_after += run.idle_chunk_bytes;
     allocator->free(ptr);
     return false;
   }, [](std::uint64_t) {});

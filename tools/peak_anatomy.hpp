@@ -58,6 +58,18 @@ struct peak_anatomy {
   // bytes in partly used chunks first (where the excess over live bytes
   // lies when no idle chunk is left).
   std::vector<peak_run> runs_after;
+  // What the allocation itself did, from the statistics' counters around
+  // it: chunks it mapped, how many of those it first unmapped from idle
+  // chunks elsewhere (stitching) and the stream syncs that took, and the
+  // device allocations and frees it made. Growth while idle chunks sat
+  // cached shows here: the idle chunks left just after it are those
+  // stitching did not take.
+  std::size_t call_chunk_maps = 0;
+  std::size_t call_chunk_unmaps = 0;
+  std::size_t call_stitch_syncs = 0;
+  std::size_t call_device_allocs = 0;
+  std::size_t call_device_frees = 0;
+  std::size_t idle_chunk_bytes_after = 0;
   // The second replay reached the same peak at the same allocation (false
   // would mean the replay is not repeatable, and the figures describe
   // another layout).

@@ -330,6 +330,10 @@ void json_anatomy(json_writer& w, const peak_anatomy& a) {
   w.key("idle_chunk_bytes").value(a.idle_chunk_bytes).key("partly_used_free_bytes").value(a.partly_used_free_bytes);
   w.key("plain_free_bytes").value(a.plain_free_bytes).key("mapped_runs").value(a.mapped_runs);
   w.key("repeated").value(a.repeated);
+  w.key("call_chunk_maps").value(a.call_chunk_maps).key("call_chunk_unmaps").value(a.call_chunk_unmaps);
+  w.key("call_stitch_syncs").value(a.call_stitch_syncs);
+  w.key("call_device_allocs").value(a.call_device_allocs).key("call_device_frees").value(a.call_device_frees);
+  w.key("idle_chunk_bytes_after").value(a.idle_chunk_bytes_after);
   w.key("runs_after").begin_array();
   for (const peak_run& run : a.runs_after) {
     w.begin_object();
@@ -434,6 +438,19 @@ void print_runs_after(const std::vector<peak_run>& runs) {
   }
 }
 
+// What the peak allocation did. Idle chunks it neither used in place nor
+// moved are ones stitching left: beside the hole it mapped into (Note
+// [beside the hole]), or all of them when it grew within stitch_slack or
+// as a stitch cycle (Note [stitch cycles]).
+void print_call(const peak_anatomy& a) {
+  const auto plural = [](std::size_t n) { return n == 1 ? "" : "s"; };
+  std::printf("The allocation mapped %zu chunk%s (%zu unmapped from idle chunks first, after %zu stream sync%s),\n"
+              "made %zu device allocation%s and %zu device free%s; idle chunks just after it: %s.\n",
+              a.call_chunk_maps, plural(a.call_chunk_maps), a.call_chunk_unmaps, a.call_stitch_syncs,
+              plural(a.call_stitch_syncs), a.call_device_allocs, plural(a.call_device_allocs), a.call_device_frees,
+              plural(a.call_device_frees), format_bytes(a.idle_chunk_bytes_after).c_str());
+}
+
 // --peak-anatomy in text, after the table.
 void print_anatomy(const peak_anatomy& a) {
   if (!a.found) {
@@ -456,6 +473,7 @@ void print_anatomy(const peak_anatomy& a) {
   std::printf(k_line, "free bytes in chunks that hold a live block", format_bytes(a.partly_used_free_bytes).c_str());
   std::printf(k_line, "free bytes of plain segments", format_bytes(a.plain_free_bytes).c_str());
   std::printf("  (%zu mapped runs of expandable segments)\n", a.mapped_runs);
+  print_call(a);
   print_runs_after(a.runs_after);
   if (!a.repeated) {
     std::printf("  warning: the second replay did not reach the same peak at that call; these\n"

@@ -128,6 +128,19 @@ const std::string k_small_trace =
     "alloc,4096,2000000,0\n"
     "free_completed,1004096,3000000,7\n";
 
+// Two 8 MiB blocks, the first freed, then 12 MiB: the reserved peak is the
+// 12 MiB request, which stitching serves with the freed block's idle chunks
+// and new ones.
+const std::string k_stitching_trace =
+    "action,addr,size,stream\n"
+    "alloc,1000000000,8388608,0\n"
+    "alloc,2000000000,8388608,0\n"
+    "free_requested,1000000000,8388608,0\n"
+    "free_completed,1000000000,8388608,0\n"
+    "alloc,3000000000,12582912,0\n"
+    "free_requested,3000000000,12582912,0\n"
+    "free_completed,3000000000,12582912,0\n";
+
 }  // namespace
 
 static void check_resnet_replay(bool expandable) {
@@ -969,6 +982,28 @@ TEST_CASE("streamalloc-replay --peak-anatomy tells where reserved memory stood a
     CHECK(json_value(run.output, "reserved_after") == json_value(run.output, "peak_reserved_bytes"));
     CHECK(run.output.find("\"runs_after\": [{") != std::string::npos);
     CHECK(json_value(run.output, "blocks_in_use") != "<missing>");
+  }
+  SECTION("what the peak allocation did") {
+    const std::string stitching = quote(dir.write("stitching.csv", k_stitching_trace));
+    const command_result text = run_replay("--peak-anatomy " + stitching);
+    INFO(text.output);
+    REQUIRE(text.exit_code == 0);
+    CHECK(text.output.find("The allocation mapped 6 chunks (4 unmapped from idle chunks first, after 1 stream sync),\n"
+                           "made 2 device allocations and 0 device frees; idle chunks just after it: 0 B.") !=
+          std::string::npos);
+    const command_result run = run_replay("--json --peak-anatomy " + stitching);
+    INFO(run.output);
+    REQUIRE(run.exit_code == 0);
+    const auto number = [&](const char* key) { return std::stoll(json_value(run.output, key)); };
+    // Reserved memory counts mapped chunks; the chunks it created are the
+    // ones it mapped beyond those it moved.
+    const long long chunk = 2 * 1024 * 1024;
+    CHECK(number("reserved_after") - number("reserved_before") ==
+          (number("call_chunk_maps") - number("call_chunk_unmaps")) * chunk);
+    CHECK(number("call_device_allocs") == number("call_chunk_maps") - number("call_chunk_unmaps"));
+    CHECK(number("call_chunk_unmaps") == number("idle_chunk_bytes") / chunk);
+    CHECK(number("call_stitch_syncs") == 1);
+    CHECK(number("idle_chunk_bytes_after") == 0);
   }
   SECTION("without it, no anatomy") {
     const command_result run = run_replay("--json " + trace);
