@@ -154,14 +154,17 @@ def slow_path_counters():
 def time_steps(torch, step, warmup, steps):
     """Runs `step` warmup + steps times, each between two synchronizations,
     then `steps` more back to back with one synchronization at the end.
-    Returns the per-step milliseconds of the synchronized steps, the mean of
-    the back-to-back ones, and (streamalloc) the counter deltas over both.
+    Returns the per-step milliseconds of the synchronized steps, the host's
+    share of each (until `step` returns, before the synchronization waits
+    for the device), the mean of the back-to-back ones, and (streamalloc)
+    the counter deltas over both.
     Python's cycle collector is off while steps run and collects between
     the synchronized ones, untimed: a collection inside a step would add
     its pause to whichever mode it fell on."""
     import gc
 
     times = []
+    host = []
     before = None
     gc.disable()
     try:
@@ -172,9 +175,11 @@ def time_steps(torch, step, warmup, steps):
             torch.cuda.synchronize()
             start = time.perf_counter()
             step()
+            queued = time.perf_counter()
             torch.cuda.synchronize()
             if i >= warmup:
                 times.append((time.perf_counter() - start) * 1e3)
+                host.append((queued - start) * 1e3)
         gc.collect()
         start = time.perf_counter()
         for _ in range(steps):
@@ -185,7 +190,8 @@ def time_steps(torch, step, warmup, steps):
         gc.enable()
     after = slow_path_counters()
     deltas = None if after is None else {name: after[name] - before[name] for name in after}
-    return {"ms_per_step": summarize(times), "samples": times, "back_to_back_ms": back_to_back,
+    return {"ms_per_step": summarize(times), "samples": times, "host_ms_per_step": summarize(host),
+            "host_samples": host, "back_to_back_ms": back_to_back,
             "slow_path_during_timed_steps": deltas}
 
 
@@ -357,10 +363,12 @@ def merge_rounds(mode, rounds):
             continue
         per_round = [r[key] for r in rounds]
         samples = [x for w in per_round for x in w["samples"]]
+        host_samples = [x for w in per_round for x in w["host_samples"]]
         workload = {k: v for k, v in per_round[0].items() if k not in ("peak_allocated", "peak_reserved", "error")}
         workload.update({
             "ms_per_step": summarize(samples), "samples": samples,
             "median_ms_per_round": [w["ms_per_step"]["median"] for w in per_round],
+            "host_ms_per_step": summarize(host_samples), "host_samples": host_samples,
             "back_to_back_ms": summarize([w["back_to_back_ms"] for w in per_round]),
             "back_to_back_ms_per_round": [w["back_to_back_ms"] for w in per_round],
             "slow_path_during_timed_steps": [w["slow_path_during_timed_steps"] for w in per_round],
@@ -512,6 +520,9 @@ def print_tables(results, modes):
     step_table("### One training step (bf16 autocast) or generation request between two synchronizations, "
                "median [p10, p90]",
                "ms_per_step", fmt_ms, True)
+    step_table("### The host's share of a synchronized step: from its start until the step's Python call returns, "
+               "before the synchronization waits for the device; median [p10, p90]",
+               "host_ms_per_step", fmt_ms, False)
     step_table("### Steps back to back, one synchronization per run of steps: ms per step, median over rounds [min, max]",
                "back_to_back_ms", lambda b: f"{b['median']:.2f} ms [{b['min']:.2f}, {b['max']:.2f}]", False)
     if compare:

@@ -117,7 +117,8 @@ def test_the_share_holds_while_the_host_slows_down_mid_process(python_bench, mon
 
 def step_round(bench, mode, ms, counters):
     """One worker's HF Llama step result: every synchronized step took `ms`."""
-    step = {"ms_per_step": bench.summarize([ms, ms]), "samples": [ms, ms], "back_to_back_ms": ms,
+    step = {"ms_per_step": bench.summarize([ms, ms]), "samples": [ms, ms], "host_ms_per_step": bench.summarize([1.0, 1.0]),
+            "host_samples": [1.0, 1.0], "back_to_back_ms": ms,
             "slow_path_during_timed_steps": counters, "batch": 8, "seq_len": 1024, "steps": 2,
             "peak_allocated": 3 << 30, "peak_reserved": 4 << 30}
     return {"mode": mode, "torch": "t", "device": "d", "cpu": None, "wall_s": 1.0, "hf_llama_train_step": step}
@@ -146,3 +147,41 @@ def test_each_round_sets_streamalloc_against_native_of_the_same_round(python_ben
     python_bench.print_tables({"native": native, "streamalloc": ours}, ["native", "streamalloc"])
     out = capsys.readouterr().out
     assert "| HF Llama step | 2 | -0.50% [-2.00, +1.00] | -0.50% [-2.00, +1.00] |" in out
+
+
+class _QueueingTorch:
+    """A stand-in for torch on a fake clock: a step queues its work in 2 ms
+    of host time, and a synchronization then waits 8 ms for the device."""
+
+    def __init__(self):
+        self.clock = 0.0
+        self.queued = False
+        outer = self
+
+        class _Cuda:
+            @staticmethod
+            def synchronize():
+                if outer.queued:
+                    outer.clock += 0.008
+                outer.queued = False
+
+        self.cuda = _Cuda()
+
+    def step(self):
+        self.clock += 0.002
+        self.queued = True
+
+
+def test_a_synchronized_step_keeps_the_host_share_apart(python_bench, monkeypatch):
+    torch = _QueueingTorch()
+    monkeypatch.setattr(python_bench.time, "perf_counter", lambda: torch.clock)
+    monkeypatch.setattr(python_bench, "slow_path_counters", lambda: None)
+    timing = python_bench.time_steps(torch, torch.step, warmup=1, steps=3)
+    assert timing["samples"] == pytest.approx([10.0] * 3)
+    assert timing["host_samples"] == pytest.approx([2.0] * 3)
+    assert timing["host_ms_per_step"]["median"] == pytest.approx(2.0)
+    # Back to back the host queues every step before the one wait.
+    assert timing["back_to_back_ms"] == pytest.approx((3 * 2.0 + 8.0) / 3)
+    merged = python_bench.merge_rounds("native", [{"wall_s": 1.0, "hf_llama_train_step": {
+        **timing, "batch": 8, "seq_len": 1024, "steps": 3, "peak_allocated": 1, "peak_reserved": 1}}])
+    assert merged["hf_llama_train_step"]["host_samples"] == pytest.approx([2.0] * 3)
