@@ -1,13 +1,15 @@
 """bench/python_bench.py on any machine: how it pools rounds, takes the
 allocator's share of torch.empty+del within each repetition (a worker's
 timing loop on a stand-in torch whose host slows down mid-run), sets sizes
-against the CPU control, prints only the parts it ran, and rejects unknown
-parts. The workers themselves need a GPU and run in scripts/gpu-bench.sh."""
+against the CPU control, keeps the host's share of a synchronized step
+apart (a stand-in torch on a fake clock), prints only the parts it ran,
+and rejects unknown parts. The workers themselves need a GPU and run in scripts/gpu-bench.sh."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -156,16 +158,12 @@ class _QueueingTorch:
     def __init__(self):
         self.clock = 0.0
         self.queued = False
-        outer = self
+        self.cuda = types.SimpleNamespace(synchronize=self._synchronize)
 
-        class _Cuda:
-            @staticmethod
-            def synchronize():
-                if outer.queued:
-                    outer.clock += 0.008
-                outer.queued = False
-
-        self.cuda = _Cuda()
+    def _synchronize(self):
+        if self.queued:
+            self.clock += 0.008
+        self.queued = False
 
     def step(self):
         self.clock += 0.002
