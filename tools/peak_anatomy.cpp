@@ -84,6 +84,12 @@ std::vector<peak_run> list_mapped_runs(const caching_allocator& allocator) {
 
 }  // namespace
 
+std::size_t idle_chunk_bytes_after(const peak_anatomy& a) {
+  std::size_t bytes = 0;
+  for (const peak_run& run : a.runs_after) bytes += run.idle_chunk_bytes;
+  return bytes;
+}
+
 peak_anatomy examine_reserved_peak(const std::vector<trace_file_event>& events,
                                    const std::function<std::unique_ptr<caching_allocator>()>& make_allocator) {
   peak_anatomy out;
@@ -141,7 +147,6 @@ peak_anatomy examine_reserved_peak(const std::vector<trace_file_event>& events,
     out.call_device_frees = grew(&device_stats::num_device_free);
     out.repeated = reserved_now(*allocator) == out.reserved_after;
     out.runs_after = list_mapped_runs(*allocator);
-    for (const peak_run& run : out.runs_after) out.idle_chunk_bytes_after += run.idle_chunk_bytes;
     allocator->free(ptr);
     return false;
   }, [](std::uint64_t) {});

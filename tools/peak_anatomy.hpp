@@ -62,19 +62,22 @@ struct peak_anatomy {
   // it: chunks it mapped, how many of those it first unmapped from idle
   // chunks elsewhere (stitching) and the stream syncs that took, and the
   // device allocations and frees it made. Growth while idle chunks sat
-  // cached shows here: the idle chunks left just after it are those
-  // stitching did not take.
+  // cached shows here: the idle chunks left just after it (the runs'
+  // idle_chunk_bytes, idle_chunk_bytes_after) are those stitching did not
+  // take.
   std::size_t call_chunk_maps = 0;
   std::size_t call_chunk_unmaps = 0;
   std::size_t call_stitch_syncs = 0;
   std::size_t call_device_allocs = 0;
   std::size_t call_device_frees = 0;
-  std::size_t idle_chunk_bytes_after = 0;
   // The second replay reached the same peak at the same allocation (false
   // would mean the replay is not repeatable, and the figures describe
   // another layout).
   bool repeated = false;
 };
+
+// The idle chunk bytes of the mapped runs just after the peak allocation.
+std::size_t idle_chunk_bytes_after(const peak_anatomy& a);
 
 // `make_allocator` returns a fresh allocator each call (two replays; the
 // device may be the same, with the previous allocator gone). Throws what

@@ -335,7 +335,7 @@ void json_anatomy(json_writer& w, const peak_anatomy& a) {
   w.key("call_chunk_maps").value(a.call_chunk_maps).key("call_chunk_unmaps").value(a.call_chunk_unmaps);
   w.key("call_stitch_syncs").value(a.call_stitch_syncs);
   w.key("call_device_allocs").value(a.call_device_allocs).key("call_device_frees").value(a.call_device_frees);
-  w.key("idle_chunk_bytes_after").value(a.idle_chunk_bytes_after);
+  w.key("idle_chunk_bytes_after").value(idle_chunk_bytes_after(a));
   w.key("runs_after").begin_array();
   for (const peak_run& run : a.runs_after) {
     w.begin_object();
@@ -450,7 +450,7 @@ void print_call(const peak_anatomy& a) {
               "made %zu device allocation%s and %zu device free%s; idle chunks just after it: %s.\n",
               a.call_chunk_maps, plural(a.call_chunk_maps), a.call_chunk_unmaps, a.call_stitch_syncs,
               plural(a.call_stitch_syncs), a.call_device_allocs, plural(a.call_device_allocs), a.call_device_frees,
-              plural(a.call_device_frees), format_bytes(a.idle_chunk_bytes_after).c_str());
+              plural(a.call_device_frees), format_bytes(idle_chunk_bytes_after(a)).c_str());
 }
 
 // --peak-anatomy in text, after the table.
