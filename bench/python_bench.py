@@ -48,6 +48,7 @@ import argparse
 import json
 import math
 import os
+import signal
 import sys
 import time
 
@@ -300,7 +301,7 @@ def worker(mode, out_path, args):
         if key in args.parts:
             reset_memory(torch)
             result[key] = steps[key]()
-            log(f"{name}: median {result[key]['ms_per_step']['median']:.2f} ms")
+            log(f"{mode}: {name}: median {result[key]['ms_per_step']['median']:.2f} ms")
     with open(out_path, "w") as f:
         json.dump(result, f, indent=1)
 
@@ -313,19 +314,44 @@ WORKLOADS = [("gpt2_train_step", "GPT-2 small step"), ("resnet50_train_step", "R
 PARTS = ["empty_del", *(key for key, _ in WORKLOADS)]
 
 
+class Stopped(Exception):
+    """SIGTERM (what `timeout` sends) arrived while the workers ran."""
+
+
+def raise_stopped(signum, frame):
+    raise Stopped(signal.Signals(signum).name)
+
+
 def run_workers(args, passthrough):
     """Every mode once per round, round r starting at the r-th mode; returns
-    each mode's rounds merged (merge_rounds)."""
+    each mode's rounds merged (merge_rounds) and, when the run stopped early,
+    a line saying so (else None). Stopped by SIGTERM or Ctrl-C, the running
+    worker is killed and the rounds every mode finished are kept, so a run
+    cut short by a time limit still reports them."""
     rounds = {mode: [] for mode in args.modes}
-    for r in range(args.rounds):
-        order = args.modes[r % len(args.modes):] + args.modes[:r % len(args.modes)]
-        for mode in order:
-            log(f"round {r + 1}/{args.rounds}: running mode {mode}")
-            start = time.perf_counter()
-            result = run_worker(__file__, mode, passthrough, args.timeout)
-            result["wall_s"] = round(time.perf_counter() - start, 1)
-            rounds[mode].append(result)
-    return {mode: merge_rounds(mode, results) for mode, results in rounds.items()}
+    stopped = None
+    previous = signal.signal(signal.SIGTERM, raise_stopped)
+    try:
+        for r in range(args.rounds):
+            order = args.modes[r % len(args.modes):] + args.modes[:r % len(args.modes)]
+            for mode in order:
+                log(f"round {r + 1}/{args.rounds}: running mode {mode}")
+                start = time.perf_counter()
+                result = run_worker(__file__, mode, passthrough, args.timeout)
+                result["wall_s"] = round(time.perf_counter() - start, 1)
+                rounds[mode].append(result)
+    except (Stopped, KeyboardInterrupt) as e:
+        stopped = str(e) if isinstance(e, Stopped) else "Ctrl-C"
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    complete = min(len(results) for results in rounds.values())
+    note = None
+    if stopped is not None:
+        if complete == 0:
+            raise SystemExit(f"python_bench: stopped by {stopped} before every mode had run once")
+        note = f"Stopped by {stopped}: the tables cover the {complete} of {args.rounds} rounds that every mode finished."
+        log(note)
+    return {mode: merge_rounds(mode, results[:complete]) for mode, results in rounds.items()}, note
 
 
 def per_round_medians(rounds, label, other, combine):
@@ -601,9 +627,13 @@ def main():
         f"--generate-batch={args.generate_batch}", f"--generate-prompt-len={args.generate_prompt_len}",
         f"--generate-new-tokens={args.generate_new_tokens}", f"--parts={args.parts}",
     ] + ([f"--cpu={args.cpu}"] if args.cpu is not None else [])
-    results = run_workers(args, passthrough)
+    results, stop_note = run_workers(args, passthrough)
+    if stop_note is not None:
+        print(stop_note)
+        print()
     print_tables(results, args.modes)
-    return finish("python_bench", args.modes, results, args.json)
+    status = finish("python_bench", args.modes, results, args.json)
+    return 1 if stop_note is not None else status
 
 
 if __name__ == "__main__":

@@ -3,10 +3,13 @@ allocator's share of torch.empty+del within each repetition (a worker's
 timing loop on a stand-in torch whose host slows down mid-run), sets sizes
 against the CPU control, keeps the host's share of a synchronized step
 apart (a stand-in torch on a fake clock), prints only the parts it ran,
-and rejects unknown parts. The workers themselves need a GPU and run in scripts/gpu-bench.sh."""
+and rejects unknown parts, and keeps the finished rounds of a run stopped
+by SIGTERM. The workers themselves need a GPU and run in scripts/gpu-bench.sh."""
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 import types
@@ -183,3 +186,38 @@ def test_a_synchronized_step_keeps_the_host_share_apart(python_bench, monkeypatc
     merged = python_bench.merge_rounds("native", [{"wall_s": 1.0, "hf_llama_train_step": {
         **timing, "batch": 8, "seq_len": 1024, "steps": 3, "peak_allocated": 1, "peak_reserved": 1}}])
     assert merged["hf_llama_train_step"]["host_samples"] == pytest.approx([2.0] * 3)
+
+
+def test_a_run_stopped_by_sigterm_keeps_the_rounds_every_mode_finished(python_bench, monkeypatch):
+    # What `timeout` does to a run that overstays: SIGTERM while the third
+    # worker (round 2's first mode) runs. Round 1 is reported, the half of
+    # round 2 that ran is not, and SIGTERM's handler is given back.
+    calls = []
+
+    def fake_worker(script, mode, passthrough, timeout):
+        calls.append(mode)
+        if len(calls) == 3:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return step_round(python_bench, mode, 100.0 + len(calls), {})
+
+    monkeypatch.setattr(python_bench, "run_worker", fake_worker)
+    monkeypatch.setattr(python_bench, "log", lambda message: None)
+    before = signal.getsignal(signal.SIGTERM)
+    args = types.SimpleNamespace(modes=["native", "streamalloc"], rounds=4, timeout=10)
+    results, note = python_bench.run_workers(args, [])
+    assert calls == ["native", "streamalloc", "streamalloc"]
+    assert note == "Stopped by SIGTERM: the tables cover the 1 of 4 rounds that every mode finished."
+    assert results["native"]["hf_llama_train_step"]["median_ms_per_round"] == [101.0]
+    assert results["streamalloc"]["hf_llama_train_step"]["median_ms_per_round"] == [102.0]
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_a_run_stopped_before_every_mode_ran_reports_no_table(python_bench, monkeypatch):
+    def fake_worker(script, mode, passthrough, timeout):
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(python_bench, "run_worker", fake_worker)
+    monkeypatch.setattr(python_bench, "log", lambda message: None)
+    args = types.SimpleNamespace(modes=["native", "streamalloc"], rounds=2, timeout=10)
+    with pytest.raises(SystemExit, match="stopped by SIGTERM before every mode had run once"):
+        python_bench.run_workers(args, [])
