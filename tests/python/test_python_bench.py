@@ -3,8 +3,8 @@ allocator's share of torch.empty+del within each repetition (a worker's
 timing loop on a stand-in torch whose host slows down mid-run), sets sizes
 against the CPU control, keeps the host's share of a synchronized step
 apart (a stand-in torch on a fake clock), prints only the parts it ran,
-and rejects unknown parts, and keeps the finished rounds of a run stopped
-by SIGTERM. The workers themselves need a GPU and run in scripts/gpu-bench.sh."""
+rejects unknown parts, and keeps the finished rounds of a run stopped by
+SIGTERM. The workers themselves need a GPU and run in scripts/gpu-bench.sh."""
 
 from __future__ import annotations
 
