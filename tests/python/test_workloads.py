@@ -125,11 +125,14 @@ def _run_tiny(script, args):
 
 
 @pytest.fixture(scope="module")
-def tiny_runs(request):
-    """The selected tiny CPU runs, started together, a run per two cores:
-    one after another they took several minutes on a 16-core host."""
-    if _missing_modules():
-        return {}
+def tiny_run(request):
+    """name -> the finished tiny CPU run of that workload. The selected runs
+    start together at first use, a run per two cores: one after another
+    they took several minutes on a 16-core host. Under pytest-xdist, whose
+    workers already run tests side by side (and each of which would start
+    every run), each test runs its own workload alone."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        return lambda name, script, args: _run_tiny(script, args)
     selected = [
         item.callspec.params
         for item in request.session.items
@@ -137,17 +140,24 @@ def tiny_runs(request):
         and not _missing_modules(item.callspec.params["script"])
     ]
     workers = max(1, (os.cpu_count() or 2) // 2)
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        futures = {p["name"]: pool.submit(_run_tiny, p["script"], p["args"]) for p in selected}
-        return {name: future.result() for name, future in futures.items()}
+    pool = ThreadPoolExecutor(max_workers=workers)
+    request.addfinalizer(pool.shutdown)
+    futures = {}
+
+    def result(name, script, args):
+        if not futures:
+            futures.update({p["name"]: pool.submit(_run_tiny, p["script"], p["args"]) for p in selected})
+        return futures[name].result()
+
+    return result
 
 
 @pytest.mark.parametrize("name,script,args", [e for e in corpus() if e[1] not in CUDA_ONLY])
-def test_workload_runs_tiny_on_the_cpu(name, script, args, tiny_runs):
+def test_workload_runs_tiny_on_the_cpu(name, script, args, tiny_run):
     missing = _missing_modules(script)
     if missing:
         pytest.skip(f"needs {', '.join(missing)} (not importable here)")
-    proc = tiny_runs[name]
+    proc = tiny_run(name, script, args)
     assert not isinstance(proc, subprocess.TimeoutExpired), f"{name}: still running after {proc.timeout} s"
     assert proc.returncode == 0, f"{name}: exit {proc.returncode}\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
     assert proc.stdout.strip(), name
