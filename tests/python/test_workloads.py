@@ -127,7 +127,7 @@ def _run_tiny(script, args):
 @pytest.fixture(scope="module")
 def tiny_run(request):
     """name -> the finished tiny CPU run of that workload. The selected runs
-    start together at first use, a run per two cores: one after another
+    start together when the first test needs one, a run per two cores: one after another
     they took several minutes on a 16-core host. Under pytest-xdist, whose
     workers already run tests side by side (and each of which would start
     every run), each test runs its own workload alone."""
@@ -142,14 +142,8 @@ def tiny_run(request):
     workers = max(1, (os.cpu_count() or 2) // 2)
     pool = ThreadPoolExecutor(max_workers=workers)
     request.addfinalizer(pool.shutdown)
-    futures = {}
-
-    def result(name, script, args):
-        if not futures:
-            futures.update({p["name"]: pool.submit(_run_tiny, p["script"], p["args"]) for p in selected})
-        return futures[name].result()
-
-    return result
+    futures = {p["name"]: pool.submit(_run_tiny, p["script"], p["args"]) for p in selected}
+    return lambda name, script, args: futures[name].result()
 
 
 @pytest.mark.parametrize("name,script,args", [e for e in corpus() if e[1] not in CUDA_ONLY])
