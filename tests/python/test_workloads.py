@@ -127,10 +127,10 @@ def _run_tiny(script, args):
 @pytest.fixture(scope="module")
 def tiny_run(request):
     """name -> the finished tiny CPU run of that workload. The selected runs
-    start together when the first test needs one, a run per two cores: one after another
-    they took several minutes on a 16-core host. Under pytest-xdist, whose
-    workers already run tests side by side (and each of which would start
-    every run), each test runs its own workload alone."""
+    start together when the first test needs one, a run per two cores: one
+    after another they took several minutes on a 16-core host. Under
+    pytest-xdist, whose workers already run tests side by side (and each of
+    which would start every run), each test runs its own workload alone."""
     if os.environ.get("PYTEST_XDIST_WORKER"):
         return lambda name, script, args: _run_tiny(script, args)
     selected = [
